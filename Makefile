@@ -1,0 +1,41 @@
+# Two entry points, each sets up .venv itself on a fresh machine:
+#   make demo   the main job: the default recipe on the bundled MiniLM, artifacts under artifacts/
+#   make test   the whole test suite (slow integration tests included)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.bertopt-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: demo test test-fast lint bench venv clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: it is the CPU wheel on disk; letting a dependency pick torch can pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/bertopt run recipes/minilm-int8-cpu.yaml --out artifacts
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_recipes.py
+
+clean:
+	rm -rf artifacts build *.egg-info

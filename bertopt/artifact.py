@@ -1,0 +1,354 @@
+"""The artifact: a folder with model file(s), tokenizer files and a ``bertopt.json`` manifest.
+
+The manifest records what the model is (format, inputs/outputs, precision), a sha256 of every file,
+and its lineage (source model, parent artifact and digest, stage, parameters, tool versions, wall time)
+plus validation results when present. ``Artifact.load`` verifies every hash.
+
+``ArtifactWriter`` is how every stage produces an artifact: files go into a hidden temporary folder
+next to the destination, the manifest is written last, and the folder is renamed into place. A failed
+or interrupted stage leaves at most a ``.<name>.tmp-*`` folder, never something that looks like an
+artifact.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bertopt.errors import ArtifactError, UserError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "bertopt.json"
+TOKENIZER_DIR = "tokenizer"
+MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef")
+
+# Packages whose versions are worth recording when they took part in making an artifact.
+_TRACKED_PACKAGES = {
+    "onnx": "onnx",
+    "onnxruntime": "onnxruntime",
+    "torch": "torch",
+    "transformers": "transformers",
+    "tensorflow": "tensorflow",
+    "tf2onnx": "tf2onnx",
+    "onnxconverter_common": "onnxconverter-common",
+    "onnxscript": "onnxscript",
+    "openvino": "openvino",
+    "numpy": "numpy",
+}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of bertopt, Python and every tracked package that is already imported."""
+    from importlib import metadata
+
+    from bertopt import __version__
+
+    versions = {"bertopt": __version__, "python": platform.python_version()}
+    for module, dist in _TRACKED_PACKAGES.items():
+        if module in sys.modules:
+            try:
+                versions[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                versions[dist] = getattr(sys.modules[module], "__version__", "unknown")
+    return versions
+
+
+def _digest_of_files(files: dict[str, dict[str, Any]]) -> str:
+    """One digest naming the artifact's content: the hash of the sorted per-file hashes."""
+    canon = json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+class Artifact:
+    """A loaded (and verified) artifact folder."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike, verify: bool = True) -> "Artifact":
+        path = Path(path)
+        if not path.exists():
+            raise ArtifactError(f"artifact not found: {path} (give the folder a bertopt stage wrote)")
+        if not path.is_dir():
+            raise ArtifactError(
+                f"{path} is a file, not an artifact folder; to use a model file as input, "
+                "pass it as --model/SOURCE"
+            )
+        manifest_path = path / MANIFEST_NAME
+        if not manifest_path.exists():
+            raise ArtifactError(
+                f"{path} is not a bertopt artifact (no {MANIFEST_NAME}); create one with "
+                "'bertopt export' or 'bertopt run'"
+            )
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{manifest_path} is not valid JSON ({exc}); re-create the artifact") from None
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ArtifactError(
+                f"{path}: artifact format version {version!r} is not supported by this bertopt "
+                f"(expects {FORMAT_VERSION}); re-create it with this version"
+            )
+        artifact = cls(path, manifest)
+        if verify:
+            artifact.verify()
+        return artifact
+
+    def verify(self) -> None:
+        """Check that every file the manifest lists is present with the recorded size and sha256."""
+        for rel, info in sorted(self.manifest.get("files", {}).items()):
+            file = self.path / rel
+            if not file.exists():
+                raise ArtifactError(
+                    f"artifact {self.path} is incomplete: {rel} is missing; re-create the artifact"
+                )
+            size = file.stat().st_size
+            if size != info["size"]:
+                raise ArtifactError(
+                    f"artifact {self.path} is corrupt: {rel} has {size} bytes, the manifest says "
+                    f"{info['size']} (truncated or modified); re-create the artifact"
+                )
+            if sha256_file(file) != info["sha256"]:
+                raise ArtifactError(
+                    f"artifact {self.path} is corrupt: sha256 of {rel} does not match the manifest "
+                    "(the file was modified); re-create the artifact"
+                )
+
+    # -- accessors ---------------------------------------------------------------------------
+    @property
+    def digest(self) -> str:
+        return self.manifest["digest"]
+
+    @property
+    def model_format(self) -> str:
+        return self.manifest["model_format"]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.manifest["model_file"]
+
+    @property
+    def precision(self) -> str:
+        return self.manifest.get("precision", "fp32")
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        return self.manifest.get("inputs", [])
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        return self.manifest.get("outputs", [])
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        """Architecture facts (hidden size, heads, layers, pooling, task) carried from the source."""
+        return self.manifest.get("model", {})
+
+    @property
+    def lineage(self) -> dict[str, Any]:
+        return self.manifest.get("lineage", {})
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return self.lineage.get("source", {})
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / TOKENIZER_DIR
+
+    @property
+    def runtime(self) -> str:
+        """The runtime backend this artifact is meant to be served with (``onnxruntime`` by default)."""
+        return self.manifest.get("runtime", "onnxruntime")
+
+    def history(self) -> list[dict[str, Any]]:
+        """The lineage chain, oldest first, ending with this artifact's own step."""
+        return list(self.manifest.get("history", [])) + [self.lineage_summary()]
+
+    def lineage_summary(self) -> dict[str, Any]:
+        lin = self.lineage
+        return {
+            "stage": lin.get("stage"),
+            "params": lin.get("params"),
+            "path": str(self.path),
+            "digest": self.digest,
+            "precision": self.precision,
+            "model_format": self.model_format,
+        }
+
+    def size_bytes(self) -> int:
+        return sum(info["size"] for info in self.manifest.get("files", {}).values())
+
+    def record_validation(self, key: str, results: dict[str, Any]) -> None:
+        """Store validation results in the manifest (atomically; hashed files are untouched)."""
+        self.manifest.setdefault("validation", {})[key] = results
+        _write_json_atomic(self.path / MANIFEST_NAME, self.manifest)
+
+    def __repr__(self) -> str:
+        return f"Artifact({str(self.path)!r}, {self.model_format}, {self.precision})"
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def is_artifact(path: str | os.PathLike) -> bool:
+    return (Path(path) / MANIFEST_NAME).is_file()
+
+
+class ArtifactWriter:
+    """Context manager producing one artifact atomically.
+
+    with ArtifactWriter(out_dir, stage="quantize", params=cfg, parent=art) as w:
+        save model into w.dir / "model.onnx"
+        w.copy_tokenizer(art)
+        w.set_model("model.onnx", "onnx", inputs, outputs, precision="int8")
+        w.report["nodes_before"] = ...
+    -> w.artifact is the loaded result
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        *,
+        stage: str,
+        params: dict[str, Any] | None = None,
+        parent: Artifact | None = None,
+        source: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ):
+        self.out_dir = Path(out_dir).absolute()
+        self.stage = stage
+        self.params = dict(params or {})
+        self.parent = parent
+        self.source = source if source is not None else (parent.source if parent else {})
+        self.overwrite = overwrite
+        self.report: dict[str, Any] = {}
+        self.model_info: dict[str, Any] = dict(parent.model_info) if parent else {}
+        self.extra: dict[str, Any] = {}
+        self.runtime = parent.runtime if parent else "onnxruntime"
+        self._model: dict[str, Any] | None = None
+        self.artifact: Artifact | None = None
+        self.dir: Path = Path()
+
+    def __enter__(self) -> "ArtifactWriter":
+        if self.parent is not None and self.out_dir == self.parent.path.absolute():
+            raise UserError(
+                f"output folder {self.out_dir} is the input artifact; stages never modify their input, "
+                "choose another --out"
+            )
+        if self.out_dir.exists() and not self.overwrite:
+            what = "an artifact" if is_artifact(self.out_dir) else "a folder"
+            raise UserError(
+                f"output folder {self.out_dir} already exists ({what}); choose another --out "
+                "or pass --force to replace it"
+            )
+        if self.out_dir.exists() and not is_artifact(self.out_dir) and any(self.out_dir.iterdir()):
+            raise UserError(
+                f"output folder {self.out_dir} exists and is not a bertopt artifact; refusing to replace it"
+            )
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.dir = self.out_dir.parent / f".{self.out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+        self.dir.mkdir()
+        self._t0 = time.perf_counter()
+        return self
+
+    def copy_tokenizer(self, artifact_or_dir: Artifact | Path) -> None:
+        src = artifact_or_dir.tokenizer_path if isinstance(artifact_or_dir, Artifact) else Path(artifact_or_dir)
+        if src.is_dir():
+            shutil.copytree(src, self.dir / TOKENIZER_DIR)
+
+    def set_model(
+        self,
+        model_file: str,
+        model_format: str,
+        inputs: list[dict[str, Any]],
+        outputs: list[dict[str, Any]],
+        precision: str,
+    ) -> None:
+        if model_format not in MODEL_FORMATS:
+            raise ValueError(f"unknown model format {model_format}")
+        self._model = {
+            "model_file": model_file,
+            "model_format": model_format,
+            "inputs": inputs,
+            "outputs": outputs,
+            "precision": precision,
+        }
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return False
+        try:
+            self._finish()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        return False
+
+    def _finish(self) -> None:
+        if self._model is None:
+            raise RuntimeError(f"stage {self.stage} did not call set_model()")
+        files = {}
+        for file in sorted(self.dir.rglob("*")):
+            if file.is_file():
+                rel = file.relative_to(self.dir).as_posix()
+                files[rel] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+        if self._model["model_file"] not in files and not (self.dir / self._model["model_file"]).is_dir():
+            raise RuntimeError(f"model file {self._model['model_file']} was not written")
+        parent = self.parent
+        manifest: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            **self._model,
+            "runtime": self.runtime,
+            "model": self.model_info,
+            "digest": _digest_of_files(files),
+            "files": files,
+            "lineage": {
+                "source": self.source,
+                "parent": {"path": str(parent.path.absolute()), "digest": parent.digest} if parent else None,
+                "stage": self.stage,
+                "params": self.params,
+                "tool_versions": tool_versions(),
+                "wall_time_s": round(time.perf_counter() - self._t0, 3),
+                "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "report": self.report,
+            },
+            "history": parent.history() if parent else [],
+            "validation": {},
+            **self.extra,
+        }
+        _write_json_atomic(self.dir / MANIFEST_NAME, manifest)
+        # Rename into place; an existing artifact (overwrite) is moved aside first, then removed.
+        old = None
+        if self.out_dir.exists():
+            old = self.out_dir.parent / f".{self.out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.out_dir, old)
+        os.rename(self.dir, self.out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self.artifact = Artifact(self.out_dir, manifest)

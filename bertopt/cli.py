@@ -1,0 +1,207 @@
+"""The ``bertopt`` command line: a thin Typer layer over the registry, recipes and runtime.
+
+Heavy libraries (onnx, torch, tensorflow, pyspark) are imported inside commands, so ``bertopt --help`` is
+instant. A UserError becomes one red line and exit code 2; a failed gate exits 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from bertopt.errors import GateFailed, UserError
+
+console = Console()
+err_console = Console(stderr=True)
+
+app = typer.Typer(
+    name="bertopt",
+    help="Turn a BERT-family encoder into a validated serving artifact, and serve it.\n\n"
+    "Typical flow: [bold]bertopt run recipes/minilm-int8-cpu.yaml[/] (export -> optimize -> quantize -> compare), "
+    "or stage by stage: [bold]bertopt export builtin:minilm --out a/onnx[/], "
+    "[bold]bertopt quantize a/onnx --mode fp16 --out a/fp16[/], [bold]bertopt inspect a/fp16[/].",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
+
+
+def _stage_command(name: str):
+    from bertopt.registry import get_stage
+
+    stage = get_stage(name)
+    takes = "MODEL (Hugging Face folder, .onnx, SavedModel, .keras, checkpoint folder or builtin:minilm)" \
+        if name in ("export", "freeze") else "ARTIFACT folder"
+
+    def command(**kwargs: Any) -> None:
+        from bertopt.registry import run_stage
+
+        given = {k: v for k, v in kwargs.items() if k not in ("input", "out", "force") and v is not None}
+        with console.status(f"[bold]{name}[/] {kwargs['input']} ..."):
+            art = run_stage(name, kwargs["input"], given, kwargs["out"], overwrite=kwargs["force"])
+        _print_stage_result(art)
+
+    params = [
+        inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
+                          default=typer.Argument(..., help=f"Input: {takes}.", show_default=False)),
+        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path,
+                          default=typer.Option(..., "--out", "-o", help="Output artifact folder (must not exist "
+                                               "unless --force).")),
+        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--force", help="Replace an existing output artifact.")),
+    ]
+    for p in stage.PARAMS:
+        help_text = p.help + (f" Choices: {', '.join(p.choices)}." if p.choices else "")
+        if p.type is bool:
+            flag = f"{p.cli_flag}/--no-{p.cli_flag[2:]}"
+            option = typer.Option(None, flag, help=help_text + f" (default: {p.default})", show_default=False)
+            ann = Optional[bool]
+        else:
+            default_text = ",".join(p.default) if isinstance(p.default, list) else p.default
+            option = typer.Option(None, p.cli_flag, help=help_text + (f" (default: {default_text})"
+                                                                      if p.default is not None else ""),
+                                  show_default=False)
+            ann = _OPTION_TYPES[p.type]
+        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=option))
+    command.__signature__ = inspect.Signature(params)
+    command.__name__ = name
+    command.__doc__ = stage.HELP
+    return command
+
+
+def _print_stage_result(art) -> None:
+    rep = art.lineage.get("report", {})
+    lines = [f"[green]wrote[/] {art.path}  ({art.model_format}, {art.precision}, "
+             f"{art.size_bytes() / 1e6:.1f} MB, {art.lineage.get('wall_time_s', 0):.1f} s)"]
+    before, after = rep.get("before"), rep.get("after")
+    if before and after:
+        lines.append(f"  nodes {before['nodes']} -> {after['nodes']}, initializers "
+                     f"{before.get('initializers', '-')} -> {after.get('initializers', '-')}")
+    if rep.get("fused_ops"):
+        lines.append("  fused: " + ", ".join(f"{k} x{v}" for k, v in rep["fused_ops"].items()))
+    for key in ("max_abs_diff_vs_pytorch", "max_abs_diff_vs_parent", "max_abs_diff_vs_source"):
+        if key in rep:
+            lines.append(f"  {key.replace('_', ' ')}: {rep[key]:.3g}")
+    acc = rep.get("accuracy_vs_parent", {})
+    for name, s in acc.items():
+        if "cos_min" in s:
+            lines.append(f"  {name} vs input: cos mean {s['cos_mean']:.6f} min {s['cos_min']:.6f}, "
+                         f"max abs {s['max_abs']:.3g}")
+    if rep.get("kept_fp32_nodes"):
+        lines.append(f"  kept fp32: {len(rep['kept_fp32_nodes'])} nodes")
+    console.print("\n".join(lines))
+
+
+for _name in ("export", "freeze", "prune", "optimize", "quantize"):
+    app.command(name=_name, help=None)(_stage_command(_name))
+
+
+@app.command("run")
+def run_command(
+    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-int8-cpu)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
+                                        "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
+    out: Path = typer.Option(Path("artifacts"), "--out", "-o", help="Folder for the artifacts; each stage writes "
+                             "OUT/<recipe>/<NN>-<stage>."),
+    compare: bool = typer.Option(True, "--compare/--no-compare", help="Compare the final artifact with the original "
+                                 "model on the built-in corpus."),
+) -> None:
+    """Run a recipe: its stages in order, then compare with the original model and apply its gate."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from bertopt.recipes import find_recipe, load_recipe, run_recipe
+
+    rec = load_recipe(find_recipe(recipe))
+    console.print(f"[bold]recipe[/] {rec.name}: {rec.description or ''} (model {model or rec.model})")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=1)
+
+        def report(step: str, done: int, total: int) -> None:
+            progress.update(task, description=step, completed=done, total=total)
+
+        result = run_recipe(rec, model=model, out=out, progress=report, compare=compare)
+    from bertopt.reporting import print_recipe_summary
+
+    print_recipe_summary(result, console)
+    if result.validation is not None and not result.validation["passed"]:
+        raise GateFailed(f"gate failed for {result.final.path}")
+
+
+@app.command("inspect")
+def inspect_command(artifact: Path = typer.Argument(..., help="Artifact folder.")) -> None:
+    """Show an artifact: manifest, lineage chain, size, ops by type, precision."""
+    from bertopt.artifact import Artifact
+    from bertopt.inspect_view import render
+
+    render(Artifact.load(artifact), console)
+
+
+@app.command("stages")
+def stages_command() -> None:
+    """List the stages and their parameters (the same ones recipes accept)."""
+    from rich.table import Table
+
+    from bertopt.registry import get_stage, stage_names
+
+    for name in stage_names():
+        stage = get_stage(name)
+        table = Table(title=f"{name}: {stage.HELP}", title_justify="left")
+        for col in ("parameter", "type", "default", "help"):
+            table.add_column(col)
+        for p in stage.PARAMS:
+            table.add_row(p.name, p.type.__name__, str(p.default), p.help)
+        console.print(table)
+
+
+# Commands that live with their feature; each module defines register(app) and keeps heavy imports inside.
+_COMMAND_MODULES = (
+    "bertopt.validate.cli",
+    "bertopt.bench",
+    "bertopt.serve.cli",
+    "bertopt.spark.cli",
+    "bertopt.kafka.cli",
+)
+for _module in _COMMAND_MODULES:
+    try:
+        importlib.import_module(_module).register(app)
+    except ModuleNotFoundError as _exc:
+        if _exc.name != _module:
+            raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: turns UserError into one line + exit 2 and GateFailed into exit 1."""
+    import click
+
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="bertopt", standalone_mode=False)
+    except UserError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except GateFailed as exc:
+        err_console.print(f"[bold red]gate failed:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(GateFailed.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # usage errors: bad option, missing argument
+        exc.show()
+        sys.exit(2)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

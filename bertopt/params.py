@@ -1,0 +1,89 @@
+"""Parameters declared once (name, type, default, help) and reused by the CLI, recipes and the API.
+
+A stage module exposes ``PARAMS: list[Param]``. ``resolve_config`` turns whatever the caller gave
+(CLI options, a recipe step's mapping, API keyword arguments) into a checked, complete config dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from bertopt.errors import UserError
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type  # str, int, float, bool, list (of str)
+    default: Any
+    help: str
+    choices: Sequence[str] | None = None
+    check: Callable[[Any], str | None] | None = field(default=None, compare=False)  # returns an error or None
+
+    @property
+    def cli_flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def coerce(self, value: Any, where: str) -> Any:
+        if value is None:
+            return None
+        try:
+            if self.type is bool:
+                if isinstance(value, str):
+                    low = value.lower()
+                    if low in ("true", "yes", "1", "on"):
+                        return True
+                    if low in ("false", "no", "0", "off"):
+                        return False
+                    raise ValueError(value)
+                if not isinstance(value, bool):
+                    raise ValueError(value)
+                return value
+            if self.type is list:
+                if isinstance(value, str):
+                    items = [v.strip() for v in value.split(",") if v.strip()]
+                elif isinstance(value, (list, tuple)):
+                    items = [str(v) for v in value]
+                else:
+                    raise ValueError(value)
+                return items
+            if self.type is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if self.type in (int, float) and isinstance(value, bool):
+                raise ValueError(value)
+            out = self.type(value)
+        except (TypeError, ValueError):
+            raise UserError(
+                f"{where}: '{self.name}' must be {self.type.__name__}, got {value!r}"
+            ) from None
+        if self.choices is not None and out not in self.choices:
+            raise UserError(
+                f"{where}: '{self.name}' must be one of {', '.join(self.choices)}; got {out!r}"
+            )
+        if self.check is not None:
+            problem = self.check(out)
+            if problem:
+                raise UserError(f"{where}: '{self.name}' {problem}")
+        return out
+
+
+def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where: str) -> dict[str, Any]:
+    """Complete and check a config; unknown keys are an error naming the key and the known ones."""
+    given = dict(given or {})
+    known = {p.name: p for p in params}
+    # accept the CLI spelling (max-seq-len) as well as the Python one (max_seq_len)
+    normalised = {}
+    for key, value in given.items():
+        normalised[str(key).replace("-", "_")] = value
+    unknown = sorted(set(normalised) - set(known))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown parameter '{unknown[0]}'; known parameters: "
+            + (", ".join(sorted(known)) or "none")
+        )
+    config = {}
+    for p in params:
+        value = normalised.get(p.name, p.default)
+        config[p.name] = p.coerce(value, where) if value is not None else None
+    return config

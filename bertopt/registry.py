@@ -1,0 +1,55 @@
+"""Stage registry: the CLI, recipes and the Python API reach a stage by name, the same way.
+
+Stage modules are imported lazily so ``bertopt --help`` never imports onnx, torch or tensorflow.
+A stage module defines ``NAME``, ``HELP``, ``PARAMS`` (list[Param]) and
+``run(input, config, out_dir, overwrite=False) -> Artifact``; heavy imports live inside ``run``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from bertopt.errors import UserError
+from bertopt.params import resolve_config
+
+STAGE_MODULES = {
+    "export": "bertopt.stages.export",
+    "freeze": "bertopt.stages.freeze",
+    "prune": "bertopt.stages.prune",
+    "optimize": "bertopt.stages.optimize",
+    "quantize": "bertopt.stages.quantize",
+}
+
+
+def stage_names() -> list[str]:
+    return list(STAGE_MODULES)
+
+
+def get_stage(name: str) -> ModuleType:
+    if name not in STAGE_MODULES:
+        raise UserError(f"unknown stage '{name}'; known stages: {', '.join(STAGE_MODULES)}")
+    return importlib.import_module(STAGE_MODULES[name])
+
+
+def resolve_input(value: Any):
+    """An Artifact stays an Artifact; a path to an artifact folder is loaded; anything else is a source."""
+    from bertopt.artifact import Artifact, is_artifact
+    from bertopt.sources import Source, resolve_source
+
+    if isinstance(value, (Artifact, Source)):
+        return value
+    if isinstance(value, (str, os.PathLike)) and is_artifact(Path(value)):
+        return Artifact.load(value)
+    return resolve_source(str(value))
+
+
+def run_stage(name: str, input: Any, config: dict[str, Any] | None, out_dir: str | os.PathLike,
+              overwrite: bool = False):
+    """Run one stage by name: resolve the input, check the config, write a new artifact."""
+    stage = get_stage(name)
+    cfg = resolve_config(stage.PARAMS, config, where=f"stage '{name}'")
+    return stage.run(resolve_input(input), cfg, Path(out_dir), overwrite=overwrite)

@@ -1,0 +1,49 @@
+"""Terminal tables shared by commands."""
+
+from __future__ import annotations
+
+
+def print_recipe_summary(result, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"recipe {result.recipe.name}", title_justify="left")
+    for col in ("stage", "artifact", "precision", "size MB", "nodes", "time s", "notes"):
+        table.add_column(col)
+    for art in result.artifacts:
+        lin = art.lineage
+        rep = lin.get("report", {})
+        nodes = rep.get("after", {}).get("nodes", "")
+        notes = ""
+        if rep.get("fused_ops"):
+            notes = ", ".join(f"{k}x{v}" for k, v in rep["fused_ops"].items())
+        elif "max_abs_diff_vs_pytorch" in rep:
+            notes = f"max|diff| vs PyTorch {rep['max_abs_diff_vs_pytorch']:.2g}"
+        elif rep.get("kept_fp32_nodes"):
+            notes = f"{len(rep['kept_fp32_nodes'])} nodes kept fp32"
+        table.add_row(lin.get("stage", ""), str(art.path), art.precision, f"{art.size_bytes() / 1e6:.1f}",
+                      str(nodes), f"{lin.get('wall_time_s', 0):.1f}", notes)
+    console.print(table)
+    cmp = result.comparison
+    if cmp:
+        t = Table(title=f"{result.final.path.name} vs the original ({cmp['reference']['framework']}) on the "
+                  f"built-in corpus, {cmp['texts']} texts", title_justify="left")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for name, s in cmp["accuracy"].items():
+            if "cos_mean" in s and s.get("kind") == "embedding":
+                t.add_row(f"{name} cosine mean", f"{s['cos_mean']:.6f}")
+                t.add_row(f"{name} cosine min", f"{s['cos_min']:.6f}")
+                t.add_row(f"{name} neighbour agreement@10", f"{s.get('neighbour_agreement_at_10', float('nan')):.3f}")
+            t.add_row(f"{name} max abs diff" + (" (real tokens)" if s.get("kind") == "token" else ""),
+                      f"{s['max_abs']:.3g}")
+            if s.get("nan_or_inf"):
+                t.add_row(f"{name} NaN/Inf", str(s["nan_or_inf"]))
+        tp = cmp["throughput"]
+        t.add_row("original texts/s (batch 32)", f"{tp['reference_texts_per_s']:.1f}")
+        t.add_row("artifact texts/s (batch 32)", f"{tp['artifact_texts_per_s']:.1f}")
+        t.add_row("speedup", f"{tp['speedup']:.2f}x")
+        console.print(t)
+    console.print(f"[bold]final artifact:[/] {result.final.path}")
+    if result.validation is not None:
+        status = "[green]PASSED[/]" if result.validation["passed"] else "[red]FAILED[/]"
+        console.print(f"gate {status}: reports in {result.validation.get('report_dir')}")

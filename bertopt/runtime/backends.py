@@ -1,0 +1,136 @@
+"""Runtime backends: an artifact's model file -> something with ``run(output_names, feeds)``.
+
+Backends are chosen per artifact (``artifact.runtime``, recorded in the manifest) or overridden by the
+caller. New backends register with ``@register_backend``; the Predictor never branches on them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from bertopt.errors import UserError, require
+
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+
+
+class Session(Protocol):
+    backend: str
+    provider: str
+    input_names: list[str]
+    output_names: list[str]
+
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+
+_BACKENDS: dict[str, Callable[..., Session]] = {}
+
+
+def register_backend(name: str):
+    def deco(factory):
+        _BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def backend_names() -> list[str]:
+    _load_optional_backends()
+    return sorted(_BACKENDS)
+
+
+def _load_optional_backends() -> None:
+    # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).
+    import importlib
+
+    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def open_session(artifact, backend: str | None = None, provider: str = "auto",
+                 threads: int | None = None) -> Session:
+    _load_optional_backends()
+    name = backend or artifact.runtime
+    if artifact.model_format in ("tf-graphdef", "tf-savedmodel") and backend is None:
+        name = "tensorflow"
+    if name not in _BACKENDS:
+        raise UserError(f"unknown runtime '{name}'; available: {', '.join(sorted(_BACKENDS))}")
+    if provider not in PROVIDERS:
+        raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
+    return _BACKENDS[name](artifact, provider=provider, threads=threads)
+
+
+def default_threads() -> int:
+    """Physical cores we may use: the affinity mask (respects taskset / container limits)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class OrtSession:
+    backend = "onnxruntime"
+
+    def __init__(self, artifact, provider: str = "auto", threads: int | None = None):
+        ort = require("onnxruntime", "onnx", "running ONNX artifacts")
+        available = ort.get_available_providers()
+        wanted = _ort_providers(provider, available)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or default_threads()
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning threads burn the other core between batches; on a shared 2-core box it costs more
+        # than it saves, and it makes co-located workers (server, Spark) fight.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(str(artifact.model_path), sess_options=options,
+                                                 providers=wanted)
+        except Exception as exc:  # ORT raises its own exception types for unloadable models
+            raise UserError(f"ONNX Runtime cannot load {artifact.model_path}: {str(exc).splitlines()[0]}; "
+                            "re-create the artifact") from None
+        got = self._session.get_providers()
+        if provider in ("cuda", "tensorrt") and wanted[0] not in got:
+            raise UserError(f"provider '{provider}' was requested but ONNX Runtime fell back to {got[0]} "
+                            "(CUDA libraries missing?); use --provider cpu")
+        self.provider = got[0]
+        self.threads = options.intra_op_num_threads
+        self.input_names = [i.name for i in self._session.get_inputs()]
+        self.output_names = [o.name for o in self._session.get_outputs()]
+
+    def run(self, output_names, feeds):
+        return self._session.run(output_names, feeds)
+
+
+def _ort_providers(provider: str, available: list[str]) -> list[str]:
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    if provider == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise UserError("provider 'cuda' requested but this ONNX Runtime has no CUDA support "
+                            "(install onnxruntime-gpu on a machine with a GPU, or use --provider cpu)")
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if provider == "tensorrt":
+        if "TensorrtExecutionProvider" not in available:
+            raise UserError("provider 'tensorrt' requested but ONNX Runtime has no TensorRT support; "
+                            "use --provider cuda or cpu")
+        return ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    # auto: CUDA when this ONNX Runtime has it, else CPU
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+register_backend("onnxruntime")(OrtSession)
+
+
+def describe(session: Any) -> dict[str, Any]:
+    return {"backend": session.backend, "provider": session.provider,
+            "threads": getattr(session, "threads", None)}

@@ -1,0 +1,218 @@
+"""Predictor: artifact -> session -> text in, embeddings/logits out.
+
+This is the only place a served or validated model is run (``run``, ``validate``, ``bench``, the Spark
+UDF, the ZeroMQ worker and the Kafka bridge all build a Predictor), so what is validated is what is served.
+
+Batching is length-bucketed by default: texts are sorted by token count, each batch is padded only to its
+own longest text, and results are put back in the caller's order. Padding never changes a real token's
+output (attention masks it), so bucketing changes speed, not values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from bertopt.artifact import Artifact
+from bertopt.errors import UserError
+from bertopt.runtime.backends import describe, open_session
+
+DEFAULT_BATCH_SIZE = 32
+
+
+def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
+    """A fast (Rust) tokenizer from ``tokenizer.json``, truncating to ``max_seq_len``, no padding."""
+    from tokenizers import Tokenizer
+
+    file = Path(tokenizer_dir) / "tokenizer.json"
+    if not file.exists():
+        raise UserError(f"no tokenizer.json in {tokenizer_dir}; re-create the artifact with 'bertopt export'")
+    tok = Tokenizer.from_file(str(file))
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_seq_len)
+    return tok
+
+
+class Predictor:
+    def __init__(
+        self,
+        artifact: Artifact | str | os.PathLike,
+        *,
+        provider: str = "auto",
+        threads: int | None = None,
+        max_seq_len: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        runtime: str | None = None,
+        length_bucketing: bool = True,
+        verify: bool = True,
+        session=None,
+    ):
+        # ``artifact`` is an Artifact (or its path); reference models pass a spec object with the same
+        # attributes plus their own ``session`` (PyTorch, TensorFlow), so they share this code path.
+        if isinstance(artifact, (str, os.PathLike)):
+            artifact = Artifact.load(artifact, verify=verify)
+        self.artifact = artifact
+        info = artifact.model_info
+        model_max = int(info.get("max_position_embeddings", 512))
+        self.max_seq_len = int(max_seq_len or info.get("max_seq_len") or model_max)
+        if self.max_seq_len > model_max:
+            raise UserError(f"max sequence length {self.max_seq_len} exceeds the model's {model_max} positions; "
+                            f"use --max-seq-len {model_max} or less")
+        if batch_size < 1:
+            raise UserError(f"batch size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.length_bucketing = length_bucketing
+        self.tokenizer = load_tokenizer(artifact.tokenizer_path, self.max_seq_len)
+        self.session = session or open_session(artifact, backend=runtime, provider=provider, threads=threads)
+        self.input_names = [i["name"] for i in artifact.inputs]
+        missing = [n for n in self.input_names if n not in self.session.input_names]
+        if missing:
+            raise UserError(f"artifact {artifact.path} declares inputs {missing} the model does not have; "
+                            "re-create the artifact")
+        self.outputs = {o["name"]: o for o in artifact.outputs}
+        self.output_names = [o["name"] for o in artifact.outputs]
+        self.primary_output = info.get("primary_output") or self.output_names[-1]
+        self.stats = {"batches": 0, "texts": 0, "tokens": 0}
+        self._lock = threading.Lock()  # sessions are thread-safe; counters are not
+
+    # -- info -----------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {
+            "artifact": str(self.artifact.path),
+            "digest": self.artifact.digest,
+            "precision": self.artifact.precision,
+            "max_seq_len": self.max_seq_len,
+            "batch_size": self.batch_size,
+            "primary_output": self.primary_output,
+            **describe(self.session),
+        }
+
+    def is_token_level(self, name: str) -> bool:
+        return "sequence" in [str(d) for d in self.outputs[name].get("shape", [])]
+
+    @property
+    def embedding_dim(self) -> int:
+        shape = self.outputs[self.primary_output].get("shape", [])
+        return int(shape[-1]) if shape and isinstance(shape[-1], int) else -1
+
+    # -- tokenisation ---------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None):
+        for t in texts:
+            if not isinstance(t, str):
+                raise UserError(f"inputs must be strings, got {type(t).__name__}: {t!r}")
+        if pairs is not None:
+            if len(pairs) != len(texts):
+                raise UserError(f"got {len(texts)} first segments but {len(pairs)} second segments")
+            return self.tokenizer.encode_batch(list(zip(texts, pairs)))
+        return self.tokenizer.encode_batch(list(texts))
+
+    def feeds_for(self, encodings, pad_to: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+        width = int(lengths.max()) if len(lengths) else 0
+        if pad_to:
+            width = max(width, min(pad_to, self.max_seq_len))
+        n = len(encodings)
+        ids = np.zeros((n, width), dtype=np.int64)
+        mask = np.zeros((n, width), dtype=np.int64)
+        types = np.zeros((n, width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            k = len(enc.ids)
+            ids[row, :k] = enc.ids
+            mask[row, :k] = 1
+            types[row, :k] = enc.type_ids
+        all_feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+                     "input_mask": mask, "segment_ids": types}
+        feeds = {}
+        for spec in self.artifact.inputs:
+            arr = all_feeds[spec.get("role", spec["name"])]
+            if spec.get("dtype") == "int32":
+                arr = arr.astype(np.int32)
+            feeds[spec["name"]] = arr
+        return feeds, lengths
+
+    # -- running -----------------------------------------------------------------------------------------
+    def run_batch(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = list(outputs or self.output_names)
+        arrays = self.session.run(names, feeds)
+        return {n: np.asarray(a, dtype=np.float32) if a.dtype != np.float32 else a for n, a in zip(names, arrays)}
+
+    def run(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None,
+        pad_to: int | None = None,
+        batch_size: int | None = None,
+    ) -> dict[str, Any]:
+        """Run every text; pooled outputs come back as ``(n, d)`` arrays, token-level outputs as a list of
+        per-text ``(tokens, d)`` arrays trimmed to the real tokens, all in the caller's order."""
+        names = list(outputs or self.output_names)
+        unknown = [n for n in names if n not in self.outputs]
+        if unknown:
+            raise UserError(f"unknown output {unknown[0]!r}; this artifact has: {', '.join(self.output_names)}")
+        encodings = self.tokenize(texts, pairs)
+        n = len(encodings)
+        result: dict[str, Any] = {}
+        if n == 0:
+            for name in names:
+                if self.is_token_level(name):
+                    result[name] = []
+                else:
+                    result[name] = np.zeros((0, max(self.embedding_dim, 0)), dtype=np.float32)
+            return result
+        order = self.batch_order(encodings)
+        bs = batch_size or self.batch_size
+        pieces: dict[str, list] = {name: [None] * n for name in names}
+        tokens = 0
+        batches = 0
+        for start in range(0, n, bs):
+            idx = order[start:start + bs]
+            feeds, lengths = self.feeds_for([encodings[i] for i in idx], pad_to=pad_to)
+            out = self.run_batch(feeds, names)
+            batches += 1
+            tokens += int(lengths.sum())
+            for name in names:
+                arr = out[name]
+                for j, i in enumerate(idx):
+                    pieces[name][i] = arr[j, : lengths[j]] if self.is_token_level(name) else arr[j]
+        with self._lock:
+            self.stats["batches"] += batches
+            self.stats["texts"] += n
+            self.stats["tokens"] += tokens
+        for name in names:
+            result[name] = pieces[name] if self.is_token_level(name) else np.stack(pieces[name])
+        return result
+
+    def batch_order(self, encodings) -> list[int]:
+        if not self.length_bucketing:
+            return list(range(len(encodings)))
+        # stable sort by length: equal lengths keep input order, so results are reproducible
+        return sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+
+    def encode(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None) -> np.ndarray:
+        """The primary output (sentence embedding, logits, ...) as one float32 array."""
+        if isinstance(texts, str):
+            texts = [texts]
+        out = self.run(texts, pairs, outputs=[self.primary_output])[self.primary_output]
+        if self.is_token_level(self.primary_output):
+            raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")
+        return out
+
+    def iter_encode(self, texts: Iterable[str], chunk: int = 1024):
+        buf: list[str] = []
+        for t in texts:
+            buf.append(t)
+            if len(buf) >= chunk:
+                yield self.encode(buf)
+                buf = []
+        if buf:
+            yield self.encode(buf)
+
+
+def read_manifest_only(path: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(path) / "bertopt.json").read_text())

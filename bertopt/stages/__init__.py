@@ -1,0 +1,1 @@
+"""Stages: each module is one job, ``run(input, config, out_dir, overwrite=False) -> Artifact``."""

@@ -1,0 +1,54 @@
+"""optimize: ONNX Runtime's transformer fusions for BERT (Attention, LayerNorm, GELU, EmbedLayerNorm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bertopt.errors import UserError
+from bertopt.params import Param
+
+NAME = "optimize"
+HELP = "Fuse attention, layer norm, GELU and embeddings with ONNX Runtime's BERT optimizer; report fused ops."
+PARAMS = [
+    Param("opt_level", int, 1, "ONNX Runtime graph optimisation level applied after fusion (0, 1, 2 or 99); "
+          "1 keeps the model portable across execution providers.", check=lambda v: None if v in (0, 1, 2, 99)
+          else "must be 0, 1, 2 or 99"),
+    Param("check_tolerance", float, 1e-4, "Max abs difference allowed against the input artifact."),
+]
+
+
+def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
+    from bertopt.artifact import ArtifactWriter
+    from bertopt.data import corpus
+    from bertopt.errors import require
+    from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+
+    art = require_onnx_artifact(input, NAME)
+    if art.model_format != "onnx":
+        raise UserError(f"optimize works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
+    require("onnxruntime", "onnx", "the optimize stage")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    info = art.model_info
+    heads, hidden = info.get("num_attention_heads"), info.get("hidden_size")
+    if not heads or not hidden:
+        raise UserError(f"{art.path}: the manifest does not record num_attention_heads/hidden_size, which "
+                        "attention fusion needs; re-export from the Hugging Face folder")
+    before = graph_stats(load_onnx(art.model_path))
+    optimized = optimize_model(str(art.model_path), model_type="bert", num_heads=int(heads),
+                               hidden_size=int(hidden), opt_level=config["opt_level"], use_gpu=False,
+                               only_onnxruntime=False)
+    fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
+        w.copy_tokenizer(art)
+        save_onnx(optimized.model, w.dir / "model.onnx")
+        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=art.precision)
+        w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model)})
+        stats = check_against(w, art, corpus()[:48])
+        w.report["max_abs_diff_vs_parent"] = worst_abs_diff(stats)
+        if worst_abs_diff(stats) > config["check_tolerance"]:
+            raise UserError(f"optimized model differs from its input by {worst_abs_diff(stats):.3g} "
+                            f"(> {config['check_tolerance']:g}); try --opt-level 0")
+    return w.artifact

@@ -1,0 +1,1 @@
+"""Validation: compare an artifact with its reference, gate, report."""

@@ -1,0 +1,71 @@
+"""The reference a validated artifact is compared with: by default the original model recorded in the
+artifact's lineage, run in its own framework (PyTorch for Hugging Face folders, TensorFlow for TF sources,
+ONNX Runtime for ONNX files); or any model/artifact the user names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bertopt.errors import UserError
+
+
+def reference_predictor(artifact, reference: str | os.PathLike | None = None, *, threads: int | None = None,
+                        batch_size: int = 32, max_seq_len: int | None = None, length_bucketing: bool = True,
+                        bf16: bool = False):
+    from bertopt.artifact import Artifact, is_artifact
+    from bertopt.runtime import Predictor
+    from bertopt.sources import Source, resolve_source
+
+    max_seq_len = max_seq_len or artifact.model_info.get("max_seq_len")
+    if reference is not None and is_artifact(Path(reference)):
+        return Predictor(Artifact.load(reference), threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
+                         length_bucketing=length_bucketing)
+    if reference is not None:
+        source = resolve_source(str(reference))
+    else:
+        recorded = artifact.source
+        if not recorded:
+            raise UserError(f"{artifact.path} records no source model; name one with --reference")
+        source = Source.from_manifest(recorded)
+        if not source.path.exists():
+            raise UserError(f"the source model recorded in {artifact.path} ({source.path}) is gone; "
+                            "name a reference with --reference")
+    pooling = _artifact_pooling(artifact)
+    if source.kind == "hf":
+        from bertopt.sources.hf import hf_reference
+
+        return hf_reference(source.path, threads=threads, bf16=bf16, max_seq_len=max_seq_len, batch_size=batch_size,
+                            pooling=pooling, length_bucketing=length_bucketing)
+    if source.kind in ("tf-savedmodel", "keras", "tf-checkpoint"):
+        from bertopt.tf.reference import tf_reference
+
+        return tf_reference(source, artifact, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
+                            length_bucketing=length_bucketing)
+    if source.kind == "onnx":
+        from bertopt.runtime import Predictor
+        from bertopt.sources.hf import SourceModel
+
+        spec = SourceModel(source.path, artifact.tokenizer_path, artifact.inputs, artifact.outputs,
+                           artifact.model_info, label=f"onnx:{source.path}")
+        spec.model_file = source.path
+        spec.runtime = "onnxruntime"
+        spec.model_format = "onnx"
+        from bertopt.runtime.backends import OrtSession
+
+        class _View:
+            model_path = source.path
+
+        session = OrtSession(_View(), provider="cpu", threads=threads)
+        return Predictor(spec, session=session, batch_size=batch_size, max_seq_len=max_seq_len,
+                         length_bucketing=length_bucketing)
+    raise UserError(f"cannot run a {source.kind} reference")
+
+
+def _artifact_pooling(artifact) -> str:
+    for o in artifact.outputs:
+        if o.get("kind") == "embedding" and o.get("pooling"):
+            return o["pooling"]
+    if any(o.get("kind") == "embedding" for o in artifact.outputs):
+        return "auto"
+    return "none"

@@ -1,0 +1,54 @@
+"""Threshold expressions shared by ``quantize --accuracy-target`` and the release gate.
+
+``"cos_min=0.995,max_abs<=0.05"``: ``=`` means "at least" for similarity-like metrics (cos_*, *agreement*,
+*pass_fraction*, speedup) and "at most" for error-like metrics (max_abs, mean_abs, abs_err_*, nan_or_inf,
+latency); ``>=`` and ``<=`` say it explicitly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bertopt.errors import UserError
+
+HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1")
+LOWER_IS_BETTER = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency", "p50", "p90", "p99", "degradation")
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    op: str  # ">=" or "<="
+    value: float
+
+    def holds(self, measured: float) -> bool:
+        return measured >= self.value if self.op == ">=" else measured <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+def default_op(metric: str) -> str:
+    if any(metric.startswith(p) or p in metric for p in HIGHER_IS_BETTER):
+        return ">="
+    if any(p in metric for p in LOWER_IS_BETTER):
+        return "<="
+    raise UserError(f"unknown metric '{metric}' in target; write it with >= or <= to say which way it goes")
+
+
+def parse_targets(text: str | None) -> list[Target]:
+    if not text:
+        return []
+    targets = []
+    for part in [p.strip() for p in str(text).split(",") if p.strip()]:
+        m = re.fullmatch(r"([A-Za-z0-9_.@]+)\s*(>=|<=|=)\s*([-+0-9.eE]+)", part)
+        if not m:
+            raise UserError(f"cannot read target '{part}'; write it like cos_min=0.995 or max_abs<=0.01")
+        metric, op, value = m.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            raise UserError(f"target '{part}': {value!r} is not a number") from None
+        targets.append(Target(metric, default_op(metric) if op == "=" else op, number))
+    return targets
