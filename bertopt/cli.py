@@ -101,8 +101,14 @@ def _print_stage_result(art) -> None:
     console.print("\n".join(lines))
 
 
-for _name in ("export", "freeze", "prune", "optimize", "quantize"):
-    app.command(name=_name, help=None)(_stage_command(_name))
+def _register_stage_commands() -> None:
+    from bertopt.registry import stage_names
+
+    for name in stage_names():
+        app.command(name=name)(_stage_command(name))
+
+
+_register_stage_commands()
 
 
 @app.command("run")
