@@ -187,8 +187,7 @@ for _module in _COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turns UserError into one line + exit 2 and GateFailed into exit 1."""
-    import click
-
+    abort, exit_, click_error = _click_exception_types()
     command = typer.main.get_command(app)
     try:
         command.main(args=argv, prog_name="bertopt", standalone_mode=False)
@@ -198,15 +197,24 @@ def main(argv: list[str] | None = None) -> None:
     except GateFailed as exc:
         err_console.print(f"[bold red]gate failed:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(GateFailed.exit_code)
-    except click.exceptions.Abort:
+    except abort:
         err_console.print("aborted")
         sys.exit(130)
-    except click.exceptions.Exit as exc:
+    except exit_ as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:  # usage errors: bad option, missing argument
+    except click_error as exc:  # usage errors: bad option, missing argument
         exc.show()
         sys.exit(2)
     sys.exit(0)
+
+
+def _click_exception_types():
+    """Typer >= 0.29 vendors click as ``typer._click``; older Typer uses click itself."""
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:
+        from click import ClickException
+    return typer.Abort, typer.Exit, ClickException
 
 
 if __name__ == "__main__":

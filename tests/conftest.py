@@ -34,7 +34,7 @@ def build_tiny_hf_bert(path: Path, *, sentence_transformers: bool = False, class
     vocab_file.write_text("\n".join(TINY_VOCAB) + "\n")
     config = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=hidden * 2, max_position_embeddings=64,
-                        num_labels=3)
+                        num_labels=3, initializer_range=0.2)
     model = (BertForSequenceClassification if classifier else BertModel)(config).eval()
     model.save_pretrained(path)
     BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(path)

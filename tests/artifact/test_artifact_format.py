@@ -1,0 +1,114 @@
+"""The artifact folder: manifest contents, hash verification, atomic writes, stages never touching their input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bertopt.artifact import MANIFEST_NAME, Artifact, ArtifactWriter, sha256_file
+from bertopt.errors import ArtifactError, UserError
+
+
+def test_manifest_records_format_io_precision_hashes_and_lineage(tiny_onnx):
+    m = json.loads((tiny_onnx.path / MANIFEST_NAME).read_text())
+    assert m["format_version"] == 1
+    assert m["model_format"] == "onnx"
+    assert m["precision"] == "fp32"
+    assert [i["name"] for i in m["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == ["batch", "sequence"] for i in m["inputs"])
+    assert [o["name"] for o in m["outputs"]] == ["last_hidden_state", "sentence_embedding"]
+    assert m["outputs"][0]["shape"][:2] == ["batch", "sequence"]
+    # every file is hashed, the tokenizer travels with the model
+    assert "model.onnx" in m["files"] and "tokenizer/tokenizer.json" in m["files"]
+    for rel, info in m["files"].items():
+        assert sha256_file(tiny_onnx.path / rel) == info["sha256"]
+    lin = m["lineage"]
+    assert lin["stage"] == "export" and lin["parent"] is None
+    assert lin["source"]["kind"] == "hf"
+    assert {"bertopt", "python", "torch", "onnx"} <= set(lin["tool_versions"])
+    assert lin["wall_time_s"] > 0
+    assert "torch.onnx.export" in lin["report"]["exporter"]
+    assert m["model"]["num_attention_heads"] == 4
+
+
+def test_child_records_parent_digest_and_history(tiny_onnx, tmp_path):
+    from bertopt.registry import run_stage
+
+    child = run_stage("prune", tiny_onnx, {}, tmp_path / "pruned")
+    assert child.lineage["parent"]["digest"] == tiny_onnx.digest
+    assert [h["stage"] for h in child.history()] == ["export", "prune"]
+    assert child.source == tiny_onnx.source
+
+
+def _copy(art, tmp_path):
+    dest = tmp_path / "copy"
+    shutil.copytree(art.path, dest)
+    return dest
+
+
+def test_tampered_file_is_refused(tiny_onnx, tmp_path):
+    dest = _copy(tiny_onnx, tmp_path)
+    data = bytearray((dest / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (dest / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256 of model.onnx does not match"):
+        Artifact.load(dest)
+
+
+def test_truncated_file_is_refused(tiny_onnx, tmp_path):
+    dest = _copy(tiny_onnx, tmp_path)
+    data = (dest / "model.onnx").read_bytes()
+    (dest / "model.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated or modified"):
+        Artifact.load(dest)
+
+
+def test_missing_file_is_refused(tiny_onnx, tmp_path):
+    dest = _copy(tiny_onnx, tmp_path)
+    (dest / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="tokenizer/tokenizer.json is missing"):
+        Artifact.load(dest)
+
+
+def test_folder_without_manifest_is_not_an_artifact(tmp_path):
+    with pytest.raises(ArtifactError, match="not a bertopt artifact"):
+        Artifact.load(tmp_path)
+
+
+def test_failed_stage_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="boom"):
+        with ArtifactWriter(out, stage="test") as w:
+            (w.dir / "model.onnx").write_bytes(b"x")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stage_that_forgets_its_model_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="did not call set_model"):
+        with ArtifactWriter(tmp_path / "out", stage="test"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_needs_force_and_input_is_never_the_output(tiny_onnx, tmp_path):
+    from bertopt.registry import run_stage
+
+    out = tmp_path / "p"
+    first = run_stage("prune", tiny_onnx, {}, out)
+    with pytest.raises(UserError, match="already exists"):
+        run_stage("prune", tiny_onnx, {}, out)
+    again = run_stage("prune", tiny_onnx, {}, out, overwrite=True)
+    assert again.digest == first.digest
+    with pytest.raises(UserError, match="stages never modify their input"):
+        run_stage("prune", tiny_onnx, {}, tiny_onnx.path, overwrite=True)
+    Artifact.load(tiny_onnx.path)  # still intact
+
+
+def test_validation_results_are_stored_without_breaking_hashes(tiny_onnx, tmp_path):
+    dest = Artifact.load(_copy(tiny_onnx, tmp_path))
+    dest.record_validation("unit", {"cos_min": 0.5})
+    again = Artifact.load(dest.path)
+    assert again.manifest["validation"]["unit"] == {"cos_min": 0.5}

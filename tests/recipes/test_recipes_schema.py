@@ -1,0 +1,45 @@
+"""Recipe files: every key checked, errors name the key and where it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertopt.errors import UserError
+from bertopt.recipes import load_recipe
+
+RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_shipped_recipes_are_valid(path):
+    recipe = load_recipe(path)
+    assert recipe.stages and recipe.name == path.stem
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: builtin:minilm\nstages: [export]\nmodle: x\n", "unknown key 'modle'"),
+    ("stages:\n  - quantize: {mode: int4}\n", r"stages\[0\] quantize: 'mode' must be one of"),
+    ("stages:\n  - export: {}\n  - quantize: {bits: 8}\n", r"stages\[1\] quantize: unknown parameter 'bits'"),
+    ("stages:\n  - distill: {}\n", "unknown stage 'distill'"),
+    ("stages: []\n", "'stages' must be a non-empty list"),
+    ("stages: [export]\nvalidate: {treshold: 1}\n", "validate: unknown parameter 'treshold'"),
+    ("stages: [export]\nvalidate: {targets: 'cos_min=high'}\n", "cannot read target"),
+    ("stages:\n  - export: {opset: 11}\n", "'opset' must be between 17 and 21"),
+    ("stages: [export\n", "not valid YAML"),
+])
+def test_bad_recipes_name_the_problem(tmp_path, text, message):
+    with pytest.raises(UserError, match=message):
+        load_recipe(_write(tmp_path, text))
+
+
+def test_targets_may_be_a_mapping(tmp_path):
+    r = load_recipe(_write(tmp_path, "stages: [export]\nvalidate:\n  targets: {cos_min: 0.99, max_abs: 0.1}\n"))
+    assert r.validate["targets"] == "cos_min=0.99,max_abs=0.1"

@@ -1,0 +1,78 @@
+"""The one runtime: length bucketing, padding, truncation, order, providers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bertopt.data import corpus
+from bertopt.errors import UserError
+from bertopt.runtime import Predictor
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return corpus()[:120]
+
+
+def test_bucketing_changes_speed_not_values(tiny_onnx, texts):
+    bucketed = Predictor(tiny_onnx, length_bucketing=True, batch_size=16).run(texts)
+    plain = Predictor(tiny_onnx, length_bucketing=False, batch_size=16).run(texts)
+    assert np.allclose(bucketed["sentence_embedding"], plain["sentence_embedding"], atol=1e-5)
+    for a, b in zip(bucketed["last_hidden_state"], plain["last_hidden_state"]):
+        assert a.shape == b.shape and np.allclose(a, b, atol=1e-5)
+
+
+def test_results_come_back_in_caller_order(tiny_onnx, texts):
+    pred = Predictor(tiny_onnx, batch_size=8)
+    all_at_once = pred.encode(texts)
+    one_by_one = np.stack([pred.encode([t])[0] for t in texts[:20]])
+    assert np.allclose(all_at_once[:20], one_by_one, atol=1e-5)
+
+
+def test_padding_to_fixed_length_does_not_change_real_tokens(tiny_onnx):
+    pred = Predictor(tiny_onnx)
+    texts = ["hello world", "the cat sat on the mat"]
+    padded = pred.run(texts, pad_to=40)
+    tight = pred.run(texts)
+    assert np.allclose(padded["sentence_embedding"], tight["sentence_embedding"], atol=1e-5)
+    assert padded["last_hidden_state"][0].shape == tight["last_hidden_state"][0].shape
+
+
+def test_token_outputs_are_trimmed_and_long_texts_truncated(tiny_onnx):
+    pred = Predictor(tiny_onnx)
+    assert pred.max_seq_len == 48  # the sentence-transformers config of the tiny model
+    out = pred.run(["hello", "the cat " * 200, ""])
+    lens = [x.shape[0] for x in out["last_hidden_state"]]
+    assert lens == [3, 48, 2]  # [CLS] hello [SEP]; truncated; [CLS] [SEP]
+    assert Predictor(tiny_onnx, max_seq_len=10).run(["the cat " * 200])["last_hidden_state"][0].shape[0] == 10
+
+
+def test_bad_inputs_are_clear_errors(tiny_onnx):
+    pred = Predictor(tiny_onnx)
+    with pytest.raises(UserError, match="inputs must be strings"):
+        pred.encode([None])
+    with pytest.raises(UserError, match="exceeds the model's 64 positions"):
+        Predictor(tiny_onnx, max_seq_len=1000)
+    with pytest.raises(UserError, match="unknown output 'logits'"):
+        pred.run(["x"], outputs=["logits"])
+    assert pred.encode([]).shape == (0, 32)
+
+
+def test_asking_for_cuda_without_it_is_an_error_not_a_silent_cpu_run(tiny_onnx):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match="provider 'cuda' requested"):
+        Predictor(tiny_onnx, provider="cuda")
+    with pytest.raises(UserError, match="unknown provider"):
+        Predictor(tiny_onnx, provider="gpu")
+    auto = Predictor(tiny_onnx, provider="auto", threads=1)
+    assert auto.describe()["provider"] == "CPUExecutionProvider" and auto.describe()["threads"] == 1
+
+
+def test_stats_count_texts_and_batches(tiny_onnx):
+    pred = Predictor(tiny_onnx, batch_size=4)
+    pred.encode(["a"] * 10)
+    assert pred.stats["texts"] == 10 and pred.stats["batches"] == 3
