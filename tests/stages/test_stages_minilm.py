@@ -1,0 +1,68 @@
+"""The real all-MiniLM-L6-v2 through every stage (slow: ~1 minute)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from bertopt.data import corpus
+from bertopt.registry import run_stage
+from bertopt.runtime import Predictor
+from bertopt.sources import builtin_model_path
+from bertopt.sources.hf import hf_reference
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pytorch_outputs():
+    return hf_reference(builtin_model_path("minilm")).run(corpus())
+
+
+def test_builtin_minilm_is_found_offline():
+    path = builtin_model_path("minilm")
+    assert (path / "model.safetensors").exists() and (path / "modules.json").exists()
+
+
+def test_export_matches_pytorch_on_the_whole_corpus(minilm_onnx, pytorch_outputs):
+    assert minilm_onnx.model_info["pooling"] == "mean" and minilm_onnx.model_info["normalize"] is True
+    assert minilm_onnx.model_info["max_seq_len"] == 256
+    ours = Predictor(minilm_onnx).run(corpus())
+    emb_diff = np.max(np.abs(ours["sentence_embedding"] - pytorch_outputs["sentence_embedding"]))
+    tok_diff = max(float(np.max(np.abs(a - b))) for a, b in
+                   zip(ours["last_hidden_state"], pytorch_outputs["last_hidden_state"]))
+    assert emb_diff <= 1e-4 and tok_diff <= 1e-4
+
+
+def test_optimize_fuses_all_six_layers(minilm_optimized):
+    fused = minilm_optimized.lineage["report"]["fused_ops"]
+    assert fused["Attention"] == 6 and fused["SkipLayerNormalization"] == 12
+    assert fused["EmbedLayerNormalization"] == 1 and fused.get("BiasGelu", 0) + fused.get("Gelu", 0) == 6
+
+
+def test_int8_dynamic_per_channel_is_close_and_smaller(minilm_int8, minilm_optimized, pytorch_outputs):
+    assert minilm_int8.size_bytes() < 0.4 * minilm_optimized.size_bytes()
+    emb = Predictor(minilm_int8).encode(corpus())
+    ref = pytorch_outputs["sentence_embedding"]
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.mean() > 0.98 and cos.min() > 0.9  # measured ~0.992 / ~0.96
+
+
+def test_fp16_has_no_nan_and_keeps_fidelity(minilm_optimized, tmp_path, pytorch_outputs):
+    art = run_stage("quantize", minilm_optimized, {"mode": "fp16"}, tmp_path / "fp16")
+    emb = Predictor(art).encode(corpus())
+    assert np.isfinite(emb).all()
+    ref = pytorch_outputs["sentence_embedding"]
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() > 0.9999
+    model = onnx.load(str(art.model_path))
+    fp32_layernorms = [n for n in model.graph.node if n.op_type == "SkipLayerNormalization"]
+    assert fp32_layernorms and set(n.name for n in fp32_layernorms) <= set(art.lineage["report"]["kept_fp32_nodes"])
+
+
+def test_prune_to_sentence_embedding_only(minilm_onnx, tmp_path):
+    art = run_stage("prune", minilm_onnx, {"outputs": "sentence_embedding"}, tmp_path / "p")
+    assert [o["name"] for o in art.outputs] == ["sentence_embedding"]
+    rep = art.lineage["report"]
+    assert rep["after"]["nodes"] < rep["before"]["nodes"]
