@@ -42,7 +42,11 @@ def test_optimize_fuses_all_six_layers(minilm_optimized):
 
 
 def test_int8_dynamic_per_channel_is_close_and_smaller(minilm_int8, minilm_optimized, pytorch_outputs):
-    assert minilm_int8.size_bytes() < 0.4 * minilm_optimized.size_bytes()
+    # the 47 MB word-embedding table stays fp32 (it is a lookup, not a MatMul); the encoder weights shrink 4x
+    assert minilm_int8.size_bytes() < 0.7 * minilm_optimized.size_bytes()
+    model = onnx.load(str(minilm_int8.model_path))
+    int8_weights = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
+    assert len(int8_weights) >= 6 * 4  # QKV (packed) / attention output / two FFN matrices per layer
     emb = Predictor(minilm_int8).encode(corpus())
     ref = pytorch_outputs["sentence_embedding"]
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
