@@ -214,8 +214,10 @@ def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, 
     module = build_encoder_module(path, info, pool)
     outputs = output_specs(info, pool)
     info = {**info, "primary_output": outputs[-1]["name"]}
-    tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
-    copy_tokenizer(path, tok_dir)
+    tok_dir = path
+    if not (path / "tokenizer.json").exists():  # build one from vocab.txt, in a scratch folder
+        tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
+        copy_tokenizer(path, tok_dir)
     spec = SourceModel(path, tok_dir, INPUT_SPECS, outputs, info, label=f"pytorch:{path}")
     session = TorchSession(module, [o["name"] for o in outputs], threads=threads, bf16=bf16)
     return Predictor(spec, session=session, max_seq_len=max_seq_len, batch_size=batch_size,

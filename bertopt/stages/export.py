@@ -78,10 +78,8 @@ def export_hf_to_onnx(source, config, out_dir: Path, overwrite: bool):
     module = build_encoder_module(source.path, info, pooling)
     outputs = output_specs(info, pooling)
     info["primary_output"] = outputs[-1]["name"]
-    if config["max_seq_len"]:
-        info["max_seq_len"] = config["max_seq_len"]
-    info.setdefault("max_seq_len", min(512, info["max_position_embeddings"]))
-    info["max_seq_len"] = info["max_seq_len"] or min(512, info["max_position_embeddings"])
+    # the runtime's default truncation: the user's choice, else the model's own (sentence-transformers) setting
+    info["max_seq_len"] = config["max_seq_len"] or info.get("max_seq_len") or min(512, info["max_position_embeddings"])
     names = [o["name"] for o in outputs]
     with ArtifactWriter(out_dir, stage=NAME, params=config, source=source.to_manifest(),
                         overwrite=overwrite) as w:
