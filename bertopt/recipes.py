@@ -87,7 +87,8 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; allowed keys: {', '.join(RECIPE_KEYS)}")
     if "stages" not in data or not isinstance(data["stages"], list) or not data["stages"]:
-        raise UserError(f"{where}: 'stages' must be a non-empty list like [{{export: {{}}}}, {{quantize: {{mode: fp16}}}}]")
+        raise UserError(f"{where}: 'stages' must be a non-empty list like "
+                        "[{export: {}}, {quantize: {mode: fp16}}]")
     stages = []
     for i, entry in enumerate(data["stages"]):
         if isinstance(entry, str):

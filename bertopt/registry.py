@@ -22,6 +22,7 @@ STAGE_MODULES = {
     "prune": "bertopt.stages.prune",
     "optimize": "bertopt.stages.optimize",
     "quantize": "bertopt.stages.quantize",
+    "compile": "bertopt.stages.compile",
 }
 
 

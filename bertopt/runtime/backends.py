@@ -54,7 +54,7 @@ def _load_optional_backends() -> None:
 
 
 def open_session(artifact, backend: str | None = None, provider: str = "auto",
-                 threads: int | None = None) -> Session:
+                 threads: int | None = None, device_id: int | None = None) -> Session:
     _load_optional_backends()
     name = backend or artifact.runtime
     if artifact.model_format in ("tf-graphdef", "tf-savedmodel") and backend is None:
@@ -63,7 +63,9 @@ def open_session(artifact, backend: str | None = None, provider: str = "auto",
         raise UserError(f"unknown runtime '{name}'; available: {', '.join(sorted(_BACKENDS))}")
     if provider not in PROVIDERS:
         raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
-    return _BACKENDS[name](artifact, provider=provider, threads=threads)
+    # device_id (which GPU) is only passed when given, so backends without GPUs need not accept it
+    extra = {"device_id": device_id} if device_id is not None else {}
+    return _BACKENDS[name](artifact, provider=provider, threads=threads, **extra)
 
 
 def default_threads() -> int:
@@ -77,7 +79,8 @@ def default_threads() -> int:
 class OrtSession:
     backend = "onnxruntime"
 
-    def __init__(self, artifact, provider: str = "auto", threads: int | None = None):
+    def __init__(self, artifact, provider: str = "auto", threads: int | None = None,
+                 device_id: int | None = None):
         ort = require("onnxruntime", "onnx", "running ONNX artifacts")
         available = ort.get_available_providers()
         wanted = _ort_providers(provider, available)
@@ -91,8 +94,10 @@ class OrtSession:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         try:
+            gpu_options = {"device_id": str(device_id)} if device_id is not None else {}
+            providers = [(p, gpu_options) if gpu_options and p in _GPU_PROVIDERS else p for p in wanted]
             self._session = ort.InferenceSession(str(artifact.model_path), sess_options=options,
-                                                 providers=wanted)
+                                                 providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
             raise UserError(f"ONNX Runtime cannot load {artifact.model_path}: {str(exc).splitlines()[0]}; "
                             "re-create the artifact") from None
@@ -101,12 +106,16 @@ class OrtSession:
             raise UserError(f"provider '{provider}' was requested but ONNX Runtime fell back to {got[0]} "
                             "(CUDA libraries missing?); use --provider cpu")
         self.provider = got[0]
+        self.device_id = device_id if got[0] in _GPU_PROVIDERS else None
         self.threads = options.intra_op_num_threads
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
 
     def run(self, output_names, feeds):
         return self._session.run(output_names, feeds)
+
+
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
 def _ort_providers(provider: str, available: list[str]) -> list[str]:

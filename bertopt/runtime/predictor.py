@@ -51,6 +51,7 @@ class Predictor:
         length_bucketing: bool = True,
         verify: bool = True,
         session=None,
+        device_id: int | None = None,
     ):
         # ``artifact`` is an Artifact (or its path); reference models pass a spec object with the same
         # attributes plus their own ``session`` (PyTorch, TensorFlow), so they share this code path.
@@ -68,7 +69,8 @@ class Predictor:
         self.batch_size = batch_size
         self.length_bucketing = length_bucketing
         self.tokenizer = load_tokenizer(artifact.tokenizer_path, self.max_seq_len)
-        self.session = session or open_session(artifact, backend=runtime, provider=provider, threads=threads)
+        self.session = session or open_session(artifact, backend=runtime, provider=provider, threads=threads,
+                                               device_id=device_id)
         self.input_names = [i["name"] for i in artifact.inputs]
         missing = [n for n in self.input_names if n not in self.session.input_names]
         if missing:

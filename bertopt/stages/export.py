@@ -68,8 +68,14 @@ def export_hf_to_onnx(source, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
-    from bertopt.sources.hf import (INPUT_SPECS, build_encoder_module, copy_tokenizer, output_specs,
-                                    read_model_info, resolve_pooling)
+    from bertopt.sources.hf import (
+        INPUT_SPECS,
+        build_encoder_module,
+        copy_tokenizer,
+        output_specs,
+        read_model_info,
+        resolve_pooling,
+    )
 
     torch = require("torch", "torch", "exporting Hugging Face models")
     require("onnx", "onnx", "exporting to ONNX")

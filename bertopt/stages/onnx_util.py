@@ -87,7 +87,8 @@ def describe_io(model) -> tuple[list[dict], list[dict], dict]:
         outputs.append(spec)
     positions = [i.dims[0] for i in model.graph.initializer
                  if "position_embeddings" in i.name and len(i.dims) == 2]
-    info = {"hidden_size": hidden, "task": "encoder", "max_position_embeddings": int(positions[0]) if positions else 512,
+    info = {"hidden_size": hidden, "task": "encoder",
+            "max_position_embeddings": int(positions[0]) if positions else 512,
             "primary_output": outputs[-1]["name"] if outputs else None}
     return inputs, outputs, info
 

@@ -13,7 +13,9 @@ import numpy as np
 
 def _flatten(values) -> np.ndarray:
     if isinstance(values, list):
-        return np.concatenate([v.reshape(-1, v.shape[-1]) for v in values if v.size], axis=0) if values else np.zeros((0, 1))
+        if not values:
+            return np.zeros((0, 1))
+        return np.concatenate([v.reshape(-1, v.shape[-1]) for v in values if v.size], axis=0)
     return values
 
 

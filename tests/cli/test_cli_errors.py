@@ -11,7 +11,8 @@ import pytest
 
 def test_help_does_not_import_heavy_libraries():
     code = ("import sys; from bertopt.cli import app; import typer; "
-            "heavy = [m for m in ('torch', 'tensorflow', 'pyspark', 'onnxruntime', 'transformers') if m in sys.modules];"
+            "heavy = [m for m in ('torch', 'tensorflow', 'pyspark', 'onnxruntime', 'transformers') "
+            "if m in sys.modules];"
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
