@@ -1,0 +1,275 @@
+"""``bertopt serve``: one ventilator (this process), one sink process, N worker processes.
+
+    clients --PUSH--> [ventilator :port] --mini-jobs--> [worker 0..N-1] --results--> [sink] --PUB :port_out--> clients
+                           ^   supervises workers, re-sends the mini-jobs of a dead one    |
+                           +--------------------- status/errors ---------------------------+
+
+Workers are real processes (``python -m bertopt.serve.worker``), each with one Predictor; on CPU the cores are
+split between them (threads per worker = cores // workers, at least 1). SIGTERM/SIGINT: stop taking requests,
+finish every request taken, stop workers and sink, return normally (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from bertopt.errors import UserError, require
+from bertopt.serve.protocol import WIRE_VERSION
+
+log = logging.getLogger("bertopt.serve")
+MiB = 1 << 20
+
+
+@dataclass
+class ServeConfig:
+    artifact: str
+    port: int = 5555
+    port_out: int = 5556
+    bind: str = "127.0.0.1"
+    num_worker: int = 1
+    max_batch_size: int = 256
+    priority_batch_size: int = 16
+    max_seq_len: int | None = None
+    device_map: list[int] | None = None
+    provider: str = "auto"
+    threads_per_worker: int | None = None
+    max_request_bytes: int = 64 * MiB
+    grace_s: float = 60.0
+    startup_timeout_s: float = 300.0
+    curve_keys: str | None = None
+    log_level: str = "INFO"
+
+    def check(self) -> None:
+        for name in ("port", "port_out"):
+            value = getattr(self, name)
+            if not 1 <= value <= 65535:
+                raise UserError(f"--{name.replace('_', '-')} {value} is not a TCP port; use 1-65535")
+        if self.port == self.port_out:
+            raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
+        if self.num_worker < 1:
+            raise UserError(f"--num-worker must be at least 1, got {self.num_worker}")
+        if self.max_batch_size < 1:
+            raise UserError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
+        if self.priority_batch_size < 0:
+            raise UserError(f"--priority-batch-size must be 0 or more, got {self.priority_batch_size}")
+        # a priority request is one mini-job, so it can be no larger than one
+        self.priority_batch_size = min(self.priority_batch_size, self.max_batch_size)
+        if self.max_request_bytes < 1024:
+            raise UserError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+
+    def threads(self) -> int:
+        from bertopt.runtime.backends import default_threads
+
+        if self.threads_per_worker:
+            return self.threads_per_worker
+        return max(1, default_threads() // self.num_worker)
+
+
+def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
+    from bertopt.artifact import Artifact
+
+    art = Artifact.load(artifact_path)  # verifies every file once; workers then skip the hashing
+    info = art.model_info
+    model_max = int(info.get("max_position_embeddings", 512))
+    seq = int(max_seq_len or info.get("max_seq_len") or model_max)
+    if seq > model_max:
+        raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    outputs = {o["name"]: o for o in art.outputs}
+    primary = info.get("primary_output") or art.outputs[-1]["name"]
+    shape = outputs[primary].get("shape", [])
+    if "sequence" in [str(d) for d in shape]:
+        raise UserError(f"the artifact's primary output {primary!r} is per-token; bertopt serve returns one "
+                        "vector per text, serve a pooled (sentence-embedding or classifier) artifact")
+    return {"artifact": str(art.path.absolute()), "digest": art.digest, "precision": art.precision,
+            "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None}
+
+
+def _curve_server_keys(keys_dir: str | None) -> tuple[str, str] | None:
+    """(public, secret) of DIR/server.key_secret, made with ``bertopt serve --make-curve-keys DIR``."""
+    if not keys_dir:
+        return None
+    require("zmq", "serve", "CurveZMQ")
+    import zmq
+    import zmq.auth
+
+    secret_file = Path(keys_dir) / "server.key_secret"
+    if not secret_file.exists():
+        raise UserError(f"no server.key_secret in {keys_dir}; create keys with 'bertopt serve --make-curve-keys "
+                        f"{keys_dir}'")
+    if not zmq.has("curve"):
+        raise UserError("this libzmq has no CurveZMQ support; drop --curve-keys or install pyzmq with libsodium")
+    public, secret = zmq.auth.load_certificate(str(secret_file))
+    return public.decode(), secret.decode()
+
+
+def make_curve_keys(keys_dir: str) -> Path:
+    """Server and one client key pair; clients listed in DIR/authorized/*.key may connect."""
+    require("zmq", "serve", "CurveZMQ")
+    import zmq.auth
+
+    root = Path(keys_dir)
+    (root / "authorized").mkdir(parents=True, exist_ok=True)
+    if (root / "server.key_secret").exists():
+        raise UserError(f"{root} already holds server keys; choose an empty folder")
+    zmq.auth.create_certificates(str(root), "server")
+    zmq.auth.create_certificates(str(root), "client")
+    (root / "authorized" / "client.key").write_bytes((root / "client.key").read_bytes())
+    return root
+
+
+class Server:
+    def __init__(self, cfg: ServeConfig):
+        cfg.check()
+        self.cfg = cfg
+        self.facts = _model_facts(cfg.artifact, cfg.max_seq_len)
+        self.threads = cfg.threads()
+        self.sink_proc: subprocess.Popen | None = None
+        self.ventilator = None
+        self.ctx = None
+        self.auth = None
+        self._stopped = False
+
+    def _start_sink(self, zmq, curve) -> str:
+        scfg = {"bind": self.cfg.bind, "port_out": self.cfg.port_out, "grace_s": self.cfg.grace_s,
+                "log_level": self.cfg.log_level, "curve_secret": curve[1] if curve else None,
+                "curve_authorized": str(Path(self.cfg.curve_keys) / "authorized") if curve else None}
+        self.sink_proc = subprocess.Popen([sys.executable, "-m", "bertopt.serve.sink", json.dumps(scfg)],
+                                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        ready, _, _ = select.select([self.sink_proc.stdout], [], [], 60)
+        line = self.sink_proc.stdout.readline().strip() if ready else ""
+        self.sink_proc.stdout.close()
+        if line.startswith("PORT "):
+            return f"tcp://127.0.0.1:{int(line.split()[1])}"
+        self.sink_proc.kill()
+        self.sink_proc.wait(10)
+        if line.startswith("ERROR "):
+            raise UserError(line[6:])
+        raise UserError("the sink process did not start; see the log above")
+
+    def start(self, progress: Callable[[int, int], None] | None = None) -> None:
+        zmq = require("zmq", "serve", "bertopt serve")
+        from bertopt.serve.ventilator import Ventilator
+
+        cfg = self.cfg
+        curve = _curve_server_keys(cfg.curve_keys)
+        self.ctx = zmq.Context()
+        if curve:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=str(Path(cfg.curve_keys) / "authorized"))
+        frontend = self.ctx.socket(zmq.PULL)
+        frontend.setsockopt(zmq.LINGER, 0)
+        frontend.setsockopt(zmq.RCVHWM, 0)
+        # hard stop far above the polite limit: the polite one gets an error reply, this one a disconnect
+        frontend.setsockopt(zmq.MAXMSGSIZE, 4 * cfg.max_request_bytes + 4096)
+        if curve:
+            frontend.setsockopt(zmq.CURVE_SERVER, 1)
+            frontend.setsockopt(zmq.CURVE_SECRETKEY, curve[1].encode())
+        try:
+            frontend.bind(f"tcp://{cfg.bind}:{cfg.port}")
+        except zmq.ZMQError as exc:
+            frontend.close(0)
+            self.close()
+            raise UserError(f"cannot bind {cfg.bind}:{cfg.port} ({exc}); choose another --port or stop the "
+                            "process using it") from None
+        try:
+            sink_addr = self._start_sink(zmq, curve)
+            sink = self.ctx.socket(zmq.PUSH)
+            sink.setsockopt(zmq.LINGER, 5000)
+            sink.connect(sink_addr)
+            router = self.ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            router.setsockopt(zmq.LINGER, 1000)
+            router_port = router.bind_to_random_port("tcp://127.0.0.1")
+            vcfg = {**asdict(cfg), **self.facts, "wire_version": WIRE_VERSION, "threads_per_worker": self.threads}
+            wcfg = {"artifact": self.facts["artifact"], "provider": "cuda" if cfg.device_map else cfg.provider,
+                    "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
+                    "ventilator": f"tcp://127.0.0.1:{router_port}", "sink": sink_addr,
+                    "log_level": cfg.log_level}
+            self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, wcfg)
+            self.ventilator.start_workers(cfg.startup_timeout_s, progress)
+        except BaseException:
+            self.shutdown(graceful=False)
+            raise
+
+    def describe(self) -> str:
+        c = self.cfg
+        return (f"bertopt serve: ready on tcp://{c.bind}:{c.port} (requests) and :{c.port_out} (replies); "
+                f"{c.num_worker} worker(s) x {self.threads} thread(s), max batch {c.max_batch_size}, "
+                f"priority <= {c.priority_batch_size} texts, max_seq_len {self.facts['max_seq_len']}"
+                + (", CurveZMQ on" if c.curve_keys else ""))
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        self.ventilator.run(should_stop)
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop workers and sink; kill whatever does not stop in time. Leaves no child process behind."""
+        if self._stopped:
+            return
+        self._stopped = True
+        v = self.ventilator
+        if v is not None:
+            v.stop_workers(timeout_s=10.0 if graceful else 0.5)
+            if graceful:
+                v.stop_sink()
+        if self.sink_proc is not None:
+            if not graceful:
+                self.sink_proc.terminate()
+            try:
+                self.sink_proc.wait(self.cfg.grace_s + 5 if graceful else 5)
+            except subprocess.TimeoutExpired:
+                log.warning("sink did not stop in time; killing it")
+                self.sink_proc.kill()
+                self.sink_proc.wait(10)
+        if v is not None:
+            for slot in v.workers:  # workers that never got a STOP (start-up failed) are killed here
+                if slot.proc is not None and slot.proc.poll() is None:
+                    slot.proc.kill()
+                    slot.proc.wait(10)
+        self.close()
+
+    def close(self) -> None:
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+        if self.ctx is not None:
+            self.ctx.destroy(linger=2000)
+            self.ctx = None
+
+
+def serve(cfg: ServeConfig, on_ready: Callable[[str], None] = print,
+          progress: Callable[[int, int], None] | None = None) -> None:
+    """Run the server in this process until SIGTERM/SIGINT, then shut down cleanly."""
+    logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
+                        format="bertopt serve %(levelname)s %(message)s")
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = Server(cfg)
+    try:
+        server.start(progress)
+        on_ready(server.describe())
+        server.run(lambda: stop["signal"] is not None)
+        log.info("all requests answered; stopping workers")
+        server.shutdown(graceful=True)
+        log.info("stopped (pid %d)", os.getpid())
+    except BaseException:
+        server.shutdown(graceful=False)
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,134 @@
+"""Real ``bertopt serve`` processes on free 127.0.0.1 ports, always stopped (and their children killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (a /proc scan; Linux)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name may contain spaces; fields after the closing parenthesis are fixed
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+class ServerProcess:
+    def __init__(self, artifact, tmp: Path, *args: str, num_worker: int = 2, ready_timeout: float = 120.0):
+        self.port, self.port_out = free_port(), free_port()
+        while self.port_out == self.port:
+            self.port_out = free_port()
+        self.out_path, self.err_path = tmp / "serve.out", tmp / "serve.err"
+        cmd = [sys.executable, "-m", "bertopt.cli", "serve", str(artifact), "--port", str(self.port),
+               "--port-out", str(self.port_out), "--num-worker", str(num_worker), *args]
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(cmd, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
+                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+        self.children: set[int] = set()
+        deadline = time.monotonic() + ready_timeout
+        while "ready on" not in self.out_path.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server did not start (exit {self.proc.returncode}):\n{self.log()}")
+            time.sleep(0.1)
+        self.children = descendants(self.proc.pid)
+
+    def log(self) -> str:
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def client(self, **kw):
+        from bertopt.client import Client
+
+        kw.setdefault("timeout", 60)
+        return Client("127.0.0.1", self.port, self.port_out, **kw)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait: the graceful path under test."""
+        self.children |= descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        """Whatever state it is in: stop the server and kill every process it started."""
+        if self.proc.poll() is None:
+            self.children |= descendants(self.proc.pid)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in self.children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    started: list[ServerProcess] = []
+
+    def start(artifact, *args, **kw) -> ServerProcess:
+        folder = tmp_path / f"server{len(started)}"
+        folder.mkdir()
+        server = ServerProcess(artifact, folder, *args, **kw)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_onnx, tmp_path_factory):
+    """One shared server on the tiny BERT: 2 workers, small mini-jobs so requests split, a 100 kB limit."""
+    server = ServerProcess(tiny_onnx.path, tmp_path_factory.mktemp("tiny-server"), "--max-batch-size", "8",
+                           "--priority-batch-size", "4", "--max-request-bytes", "100000")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_predictor(tiny_onnx):
+    from bertopt.runtime import Predictor
+
+    return Predictor(tiny_onnx, threads=1)

@@ -1,0 +1,177 @@
+"""Faults: malformed frames, oversized requests, no server, a worker SIGKILLed mid-request, SIGTERM, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+from conftest import alive, free_port
+from test_serve_roundtrip import make_texts
+
+from bertopt.client import Client, ServerError
+
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(240)]
+
+
+def _recv_reply(sub, timeout_s: float = 20.0) -> list[bytes]:
+    assert sub.poll(int(timeout_s * 1000)), "no reply from the server"
+    return sub.recv_multipart()
+
+
+def test_malformed_messages_get_error_replies_and_server_keeps_running(tiny_server, tiny_predictor):
+    import zmq
+
+    ctx = zmq.Context()
+    push, sub = ctx.socket(zmq.PUSH), ctx.socket(zmq.SUB)
+    ident = b"raw-test-client"
+    sub.setsockopt(zmq.SUBSCRIBE, ident)
+    for sock in (push, sub):
+        sock.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{tiny_server.port}")
+    sub.connect(f"tcp://127.0.0.1:{tiny_server.port_out}")
+    try:
+        push.send_multipart([b"just one frame"])  # no reply address: dropped with a log line
+        cases = [
+            ([ident, b"not json", b"1", b"1"], "not JSON"),
+            ([ident, b'{"a": 1}', b"2", b"1"], "not a list"),
+            ([ident, b'["ok", 5]', b"3", b"2"], "text 1 is a int"),
+            ([ident, b"[]", b"4", b"0"], "no texts"),
+            ([ident, json.dumps(["x" * 200_000]).encode(), b"5", b"1"], "exceeds the server's limit"),
+            ([ident, b'["ok"]', b"6"], "expected 4 frames"),
+            ([ident, b'["ok"]', b"seven", b"1"], "not a decimal number"),
+        ]
+        for frames, _ in cases:
+            push.send_multipart(frames)
+        replies = {}
+        for _ in cases:
+            reply = _recv_reply(sub)
+            assert reply[0] == ident and len(reply) == 4
+            replies[reply[-1]] = json.loads(reply[1])["error"]
+        for frames, expected in cases:
+            assert expected in replies[frames[2]], (frames[2], replies[frames[2]])
+        # still serving, and it says what it rejected
+        push.send_multipart([ident, b'["the cat"]', b"8", b"1"])
+        reply = _recv_reply(sub)
+        info = json.loads(reply[1])
+        got = np.frombuffer(reply[2], dtype=info["dtype"]).reshape(info["shape"])
+        np.testing.assert_allclose(got, tiny_predictor.encode(["the cat"]), atol=1e-5, rtol=0)
+        with tiny_server.client() as client:
+            status = client.status()
+            with pytest.raises(ServerError, match="--max-request-bytes"):
+                client.encode(["y" * 200_000])
+            assert client.encode(["still fine"]).shape == (1, 32)
+        assert status["dropped_no_address"] >= 1 and status["rejected"] >= 7
+        assert "no reply address" in tiny_server.log()
+    finally:
+        push.close()
+        sub.close()
+        ctx.term()
+
+
+def test_client_times_out_when_no_server_answers():
+    port, port_out = free_port(), free_port()
+    t0 = time.monotonic()
+    with Client("127.0.0.1", port, port_out, timeout=0.5) as client:
+        with pytest.raises(TimeoutError, match="no reply from the bertopt server"):
+            client.encode(["hello"])
+        with pytest.raises(TimeoutError):
+            client.status()
+        future = client.encode_async(["hello"])
+        with pytest.raises(TimeoutError):
+            future.result(10)
+    assert time.monotonic() - t0 < 10
+
+
+def test_worker_killed_mid_request_every_request_answered_once(tiny_onnx, tiny_predictor, start_server):
+    server = start_server(tiny_onnx.path, "--max-batch-size", "4", num_worker=2)
+    jobs = [make_texts(1500, seed=s) for s in range(4)] + [make_texts(2, seed=9)]
+    clients = [server.client(timeout=120) for _ in jobs]
+    try:
+        futures = [c.encode_async(t) for c, t in zip(clients, jobs)]
+        with server.client() as probe:
+            deadline = time.monotonic() + 60
+            while True:  # kill while mini-jobs are queued, so the victim surely holds one
+                status = probe.status()
+                if status["mini_jobs_done"] > 20 and status["queue_length"]["bulk"] > 0:
+                    break
+                assert time.monotonic() < deadline, f"server never got busy: {status}"
+                time.sleep(0.02)
+            victim = status["workers"][0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            done, not_done = wait(futures, timeout=120)
+            assert not not_done, "a request was never answered after the worker died"
+            for texts, fut in zip(jobs, futures):
+                np.testing.assert_allclose(fut.result(), tiny_predictor.encode(texts), atol=1e-5, rtol=0)
+            time.sleep(1.0)  # a duplicate reply would arrive now and be counted
+            assert all(c.unexpected_replies == 0 for c in clients)
+            after = probe.status()
+        assert after["worker_restarts"] >= 1 and after["mini_jobs_resent"] >= 1
+        assert after["workers"][0]["restarts"] == 1 and after["workers"][0]["pid"] not in (None, victim)
+        assert alive(after["workers"][0]["pid"])
+        assert "died with exit code -9" in server.log()
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_sigterm_finishes_in_flight_requests_and_leaves_no_processes(tiny_onnx, tiny_predictor, start_server):
+    server = start_server(tiny_onnx.path, "--max-batch-size", "4", num_worker=2)
+    texts = make_texts(3000, seed=11)
+    with server.client(timeout=120) as client:
+        future = client.encode_async(texts)
+        deadline = time.monotonic() + 60
+        while client.status()["mini_jobs_done"] < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        children = set(server.children)
+        assert len(children) >= 3  # sink + 2 workers
+        code = server.terminate(timeout=90)
+        np.testing.assert_allclose(future.result(60), tiny_predictor.encode(texts), atol=1e-5, rtol=0)
+    assert code == 0, server.log()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in server.children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in server.children if alive(p)], "orphan processes left behind"
+    assert "stopped" in server.log()
+    # a stopped server answers nobody: new requests time out instead of hanging
+    with server.client(timeout=0.5) as client:
+        with pytest.raises(TimeoutError):
+            client.encode(["late"])
+
+
+def test_serve_user_errors_are_one_line_exit_2(tmp_path, tiny_onnx, cli):
+    import zmq
+
+    code, _, err = cli("serve", tmp_path / "missing")
+    assert code == 2 and "artifact not found" in err
+    code, _, err = cli("serve", tiny_onnx.path, "--port", "7000", "--port-out", "7000")
+    assert code == 2 and "different ports" in err
+    ctx = zmq.Context()
+    taken = ctx.socket(zmq.PULL)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        code, _, err = cli("serve", tiny_onnx.path, "--port", port, "--port-out", free_port())
+        assert code == 2 and f"cannot bind 127.0.0.1:{port}" in err and "--port" in err
+    finally:
+        taken.close(0)
+        ctx.term()
+    code, _, err = cli("client", "status", "--port", free_port(), "--port-out", free_port(), "--timeout", "0.3")
+    assert code == 2 and "no reply from the bertopt server" in err
+
+
+def test_curve_keys_encrypt_and_authenticate(tiny_onnx, tiny_predictor, start_server, tmp_path, cli):
+    keys = tmp_path / "keys"
+    code, out, err = cli("serve", "--make-curve-keys", keys)
+    assert code == 0, err
+    server = start_server(tiny_onnx.path, "--curve-keys", str(keys), num_worker=1)
+    with server.client(curve_keys=str(keys)) as client:
+        np.testing.assert_allclose(client.encode(["hello world"]), tiny_predictor.encode(["hello world"]),
+                                   atol=1e-5, rtol=0)
+    with server.client(timeout=1.0) as stranger:  # no keys: the handshake fails, nothing is answered
+        with pytest.raises(TimeoutError):
+            stranger.encode(["hello world"])
