@@ -1,0 +1,484 @@
+"""Kafka request/response bridge: requests topic -> one batch through the model -> responses topic -> commit.
+
+Client applications never call the model. They write a JSON request to the request topic::
+
+    {"id": "r-1", "text": "a sentence"}          or        {"id": 7, "texts": ["one", "two"]}
+
+The bridge takes up to ``max_batch`` requests (or what arrived within ``max_wait_ms``), runs all their texts as one
+batch (through ``bertopt.runtime.Predictor`` or a running ``bertopt serve`` cluster), writes one response per
+request to the response topic, keyed by the request's key::
+
+    {"id": "r-1", "embedding": [...], "artifact": "<digest>"}            ("embeddings": [[...]] for "texts")
+    {"id": 7, "logits": [...], "label": "POSITIVE", "artifact": ...}     (classifier artifacts)
+    {"id": "r-2", "error": "<problem>; <fix>", "artifact": ...}          (a malformed request)
+
+and only after the broker acknowledged every response does it commit the batch's offsets (auto-commit is off).
+So delivery is at-least-once: a bridge that dies between predicting and committing leaves the batch uncommitted
+and it is processed again after the restart (the duplicate responses carry the same values). A request without
+an id cannot be answered: it is logged, counted and skipped, and never blocks its partition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertopt.errors import UserError, require
+
+log = logging.getLogger("bertopt.kafka")
+
+# Test-only fault injection: "kill-before-commit:N" makes the bridge SIGKILL itself after the N-th batch's
+# responses were acknowledged and before its offsets are committed, the exact window at-least-once is about.
+FAILPOINT_ENV = "BERTOPT_KAFKA_FAILPOINT"
+
+_NO_ID = object()
+
+
+@dataclass
+class BridgeConfig:
+    bootstrap: str
+    request_topic: str
+    response_topic: str
+    group_id: str = "bertopt-kafka"
+    max_batch: int = 64
+    max_wait_ms: int = 50
+    max_texts_per_request: int = 256
+    stats_interval_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    flush_timeout_s: float = 60.0
+    kafka_config: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.max_batch < 1:
+            raise UserError(f"--max-batch must be at least 1, got {self.max_batch}")
+        if self.max_wait_ms < 0:
+            raise UserError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
+        if self.max_texts_per_request < 1:
+            raise UserError(f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}")
+        if not self.request_topic or not self.response_topic:
+            raise UserError("--request-topic and --response-topic must not be empty")
+        if self.request_topic == self.response_topic:
+            raise UserError(f"the request and response topics are both {self.request_topic!r}; the bridge would "
+                            "consume its own responses: use two topics")
+
+
+@dataclass
+class Counters:
+    consumed: int = 0   # messages taken from the request topic
+    produced: int = 0   # responses the broker acknowledged (error responses included)
+    errors: int = 0     # malformed requests (answered with an error or skipped) and consumer errors
+    skipped: int = 0    # malformed requests without an id: logged, not answered
+    texts: int = 0      # texts run through the model
+    batches: int = 0
+    committed: int = 0  # messages whose offsets were committed
+    lag: int = -1       # requests waiting in the assigned partitions at the last check (-1: unknown)
+
+
+class BackendFailed(RuntimeError):
+    """The model backend (a bertopt serve cluster) did not answer: the batch is not committed."""
+
+
+class DeliveryFailed(RuntimeError):
+    """The broker did not acknowledge every response: the batch is not committed (it will be re-processed)."""
+
+
+# -- requests and responses -----------------------------------------------------------------------------------
+@dataclass
+class ParsedRequest:
+    id: Any               # _NO_ID when the request has no usable id
+    texts: list[str]
+    single: bool          # "text" (one embedding) rather than "texts" (a list)
+    error: str | None = None
+
+
+def parse_request(value: bytes | None, max_texts: int = 256) -> ParsedRequest:
+    """Validate one request message; never raises (a bad request becomes ``error`` / ``_NO_ID``)."""
+    if value is None:
+        return ParsedRequest(_NO_ID, [], True, "empty message (no value)")
+    try:
+        body = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ParsedRequest(_NO_ID, [], True, f"not JSON ({exc})")
+    if not isinstance(body, dict):
+        return ParsedRequest(_NO_ID, [], True, f"a request must be a JSON object, got {type(body).__name__}")
+    rid = body.get("id")
+    if rid is None:
+        return ParsedRequest(_NO_ID, [], True, "request has no 'id'")
+    if isinstance(rid, (dict, list)):
+        return ParsedRequest(rid, [], True, "'id' must be a string or a number")
+    has_text, has_texts = "text" in body, "texts" in body
+    if has_text == has_texts:
+        return ParsedRequest(rid, [], True, "a request needs exactly one of 'text' (a string) or 'texts' "
+                                            "(a list of strings)")
+    if has_text:
+        if not isinstance(body["text"], str):
+            return ParsedRequest(rid, [], True, f"'text' must be a string, got {type(body['text']).__name__}")
+        return ParsedRequest(rid, [body["text"]], True)
+    texts = body["texts"]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return ParsedRequest(rid, [], False, "'texts' must be a list of strings")
+    if len(texts) > max_texts:
+        return ParsedRequest(rid, [], False, f"{len(texts)} texts in one request exceed the limit of {max_texts}; "
+                                             "split the request (or raise --max-texts-per-request)")
+    return ParsedRequest(rid, list(texts), False)
+
+
+class ResponseFormat:
+    """How an artifact's primary output becomes response fields: an embedding, or logits plus a label."""
+
+    def __init__(self, model_info: dict[str, Any], digest: str):
+        self.digest = digest
+        self.classifier = model_info.get("task") == "classifier"
+        id2label = model_info.get("id2label") or {}
+        self.labels = {int(k): v for k, v in id2label.items()}
+
+    def label(self, logits: np.ndarray) -> Any:
+        index = int(np.argmax(logits))
+        return self.labels.get(index, index)
+
+    def ok(self, rid: Any, values: np.ndarray, single: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": rid}
+        if self.classifier:
+            if single:
+                out["logits"], out["label"] = values[0].tolist(), self.label(values[0])
+            else:
+                out["logits"], out["labels"] = values.tolist(), [self.label(v) for v in values]
+        elif single:
+            out["embedding"] = values[0].tolist()
+        else:
+            out["embeddings"] = values.tolist()
+        out["artifact"] = self.digest
+        return out
+
+    def error(self, rid: Any, message: str) -> dict[str, Any]:
+        return {"id": rid, "error": message, "artifact": self.digest}
+
+
+# -- backends: where a batch of texts is run ------------------------------------------------------------------
+class LocalBackend:
+    """In this process, through the one runtime."""
+
+    name = "local"
+
+    def __init__(self, artifact, *, threads: int | None = None, batch_size: int = 32, provider: str = "auto"):
+        from bertopt.runtime import Predictor
+
+        self.predictor = Predictor(artifact, threads=threads, batch_size=batch_size, provider=provider)
+        self.digest = self.predictor.artifact.digest
+        self.model_info = self.predictor.artifact.model_info
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.predictor.encode(list(texts))
+
+    def close(self) -> None:
+        return None
+
+
+class ZmqBackend:
+    """Through a running ``bertopt serve`` cluster, so the bridge scales out with the workers."""
+
+    name = "zmq"
+
+    def __init__(self, artifact, *, host: str, port: int, port_out: int, timeout_ms: int):
+        from bertopt.artifact import Artifact
+        from bertopt.client import Client, ServerTimeout
+
+        art = Artifact.load(artifact)  # the manifest names the digest and the task the responses report
+        self.digest = art.digest
+        self.model_info = art.model_info
+        self.where = f"{host}:{port}/{port_out}"
+        self.client = Client(host, port, port_out, timeout=timeout_ms / 1000)
+        try:
+            served = self.client.status().get("digest")
+        except ServerTimeout as exc:
+            self.client.close()
+            raise UserError(str(exc)) from None
+        if served != self.digest:
+            self.client.close()
+            raise UserError(f"the server at {self.where} serves artifact {str(served)[:12]}, not {art.path} "
+                            f"({self.digest[:12]}); pass the artifact it serves or point --port at the right server")
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        from bertopt.client import ServerError, ServerTimeout
+
+        try:
+            return np.asarray(self.client.encode(list(texts)), dtype=np.float32)
+        except ServerTimeout as exc:
+            raise BackendFailed(f"{exc}; the batch was not committed and will be processed again") from None
+        except ServerError as exc:
+            # the server refused this input: answered request by request (see KafkaBridge._predict)
+            raise UserError(str(exc)) from None
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# -- the bridge ----------------------------------------------------------------------------------------------
+def kafka_configs(cfg: BridgeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Consumer and producer configurations: manual offsets, acks from every in-sync replica; ``-X`` wins."""
+    consumer = {
+        "bootstrap.servers": cfg.bootstrap,
+        "group.id": cfg.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",  # requests written before the first bridge started are answered too
+        "session.timeout.ms": 10000,      # a dead bridge's partitions move to a live one after 10 s
+        "client.id": "bertopt-kafka",
+    }
+    producer = {
+        "bootstrap.servers": cfg.bootstrap,
+        "acks": "all",
+        "linger.ms": 5,
+        "client.id": "bertopt-kafka",
+    }
+    for key, value in cfg.kafka_config.items():
+        if key.startswith("consumer."):
+            consumer[key[len("consumer."):]] = value
+        elif key.startswith("producer."):
+            producer[key[len("producer."):]] = value
+        else:
+            consumer[key] = value
+            producer[key] = value
+    return consumer, producer
+
+
+class KafkaBridge:
+    def __init__(self, backend, cfg: BridgeConfig):
+        cfg.check()
+        self.ck = require("confluent_kafka", "kafka", "bertopt kafka")
+        self.backend = backend
+        self.cfg = cfg
+        self.format = ResponseFormat(backend.model_info, backend.digest)
+        self.counters = Counters()
+        self.stopping = False
+        self._failpoint = _parse_failpoint(os.environ.get(FAILPOINT_ENV))
+        consumer_conf, producer_conf = kafka_configs(cfg)
+        try:
+            self.consumer = self.ck.Consumer(consumer_conf)
+            self.producer = self.ck.Producer(producer_conf)
+        except self.ck.KafkaException as exc:
+            raise UserError(f"invalid Kafka configuration: {exc.args[0].str()}; fix the -X KEY=VALUE options") \
+                from exc
+        self._delivery_errors: list[str] = []
+        self._acked = 0
+
+    # -- set-up -------------------------------------------------------------------------------------------
+    def check_topics(self) -> None:
+        """Fail early, as a user error, on an unreachable cluster or a missing topic."""
+        try:
+            meta = self.consumer.list_topics(timeout=self.cfg.connect_timeout_s)
+        except self.ck.KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.cfg.bootstrap} ({exc.args[0].str()}); check --bootstrap "
+                            "and that the brokers are up (security settings go in -X KEY=VALUE)") from exc
+        for flag, topic in (("--request-topic", self.cfg.request_topic),
+                            ("--response-topic", self.cfg.response_topic)):
+            if topic not in meta.topics or meta.topics[topic].error is not None:
+                raise UserError(f"topic {topic!r} ({flag}) does not exist on {self.cfg.bootstrap}; create it first "
+                                f"(kafka-topics.sh --create --topic {topic} --bootstrap-server {self.cfg.bootstrap})")
+
+    # -- main loop ----------------------------------------------------------------------------------------
+    def request_stop(self, signum=None, frame=None) -> None:
+        if not self.stopping:
+            log.info("signal %s: finishing the batch in hand, committing, then exiting", signum)
+        self.stopping = True
+
+    def run(self, install_signal_handlers: bool = True) -> Counters:
+        try:
+            self.check_topics()
+        except UserError:
+            self.consumer.close()
+            raise
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        self.consumer.subscribe([self.cfg.request_topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        log.info("bridge up: %s -> %s (%s backend, artifact %s, group %s, batch <= %d, wait <= %d ms)",
+                 self.cfg.request_topic, self.cfg.response_topic, self.backend.name, self.backend.digest[:12],
+                 self.cfg.group_id, self.cfg.max_batch, self.cfg.max_wait_ms)
+        next_stats = time.monotonic() + self.cfg.stats_interval_s
+        try:
+            while not self.stopping:
+                messages = self.consumer.consume(num_messages=self.cfg.max_batch,
+                                                 timeout=max(self.cfg.max_wait_ms, 1) / 1000)
+                if messages:
+                    self.process(messages)  # a signal during consume() still lets this batch finish
+                if time.monotonic() >= next_stats:
+                    self.log_stats()
+                    next_stats = time.monotonic() + self.cfg.stats_interval_s
+        finally:
+            self.close()
+        return self.counters
+
+    def close(self) -> None:
+        left = self.producer.flush(self.cfg.flush_timeout_s)
+        if left:
+            log.error("%d responses still unacknowledged at exit", left)
+        self.log_stats(final=True)
+        self.consumer.close()
+        self.backend.close()
+
+    def _on_assign(self, consumer, partitions) -> None:
+        log.info("assigned partitions %s", [p.partition for p in partitions])
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        # nothing is in flight here: every batch is committed before the next consume() call
+        log.info("revoked partitions %s", [p.partition for p in partitions])
+
+    # -- one batch ----------------------------------------------------------------------------------------
+    def process(self, messages: list) -> None:
+        """Predict, produce every response, wait for the broker's acknowledgements, then commit."""
+        ok: list[tuple[Any, ParsedRequest]] = []
+        responses: list[tuple[Any, dict[str, Any]]] = []
+        commit_to: dict[tuple[str, int], int] = {}
+        consumed = 0
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise self.ck.KafkaException(err)
+                log.warning("consumer error: %s", err.str())
+                self.counters.errors += 1
+                continue
+            self.counters.consumed += 1
+            consumed += 1
+            key = (msg.topic(), msg.partition())
+            commit_to[key] = max(commit_to.get(key, -1), msg.offset() + 1)
+            req = parse_request(msg.value(), self.cfg.max_texts_per_request)
+            if req.error is not None:
+                self.counters.errors += 1
+                where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+                if req.id is _NO_ID:
+                    self.counters.skipped += 1
+                    log.warning("skipped request %s: %s; value starts %r", where, req.error, (msg.value() or b"")[:80])
+                else:
+                    log.warning("error response to request %s (id %r): %s", where, req.id, req.error)
+                    responses.append((msg, self.format.error(req.id, req.error)))
+                continue
+            ok.append((msg, req))
+        responses.extend(self._predict(ok))
+        self._produce_and_wait(responses)
+        self.counters.batches += 1
+        if self._failpoint and self.counters.batches == self._failpoint:
+            log.error("failpoint %s: killing the bridge before committing batch %d", FAILPOINT_ENV,
+                      self.counters.batches)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if commit_to:
+            offsets = [self.ck.TopicPartition(t, p, o) for (t, p), o in commit_to.items()]
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+                self.counters.committed += consumed
+            except self.ck.KafkaException as exc:
+                # e.g. the partitions moved to another bridge in a rebalance: it re-processes them (duplicates,
+                # never losses), so this is logged, not fatal
+                log.warning("commit failed (%s); those requests will be answered again", exc.args[0].str())
+
+    def _predict(self, ok: list[tuple[Any, ParsedRequest]]) -> list[tuple[Any, dict[str, Any]]]:
+        if not ok:
+            return []
+        texts = [t for _, req in ok for t in req.texts]
+        try:
+            values = self.backend.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
+        except UserError as exc:
+            # an input the model refuses: answer request by request so one bad request cannot sink the batch
+            log.warning("batch refused (%s); retrying request by request", exc)
+            return [self._predict_one(msg, req) for msg, req in ok]
+        self.counters.texts += len(texts)
+        out, start = [], 0
+        for msg, req in ok:
+            n = len(req.texts)
+            out.append((msg, self.format.ok(req.id, values[start:start + n], req.single)))
+            start += n
+        return out
+
+    def _predict_one(self, msg, req: ParsedRequest) -> tuple[Any, dict[str, Any]]:
+        try:
+            values = self.backend.encode(req.texts) if req.texts else np.zeros((0, 0), dtype=np.float32)
+        except UserError as exc:
+            self.counters.errors += 1
+            return msg, self.format.error(req.id, str(exc))
+        self.counters.texts += len(req.texts)
+        return msg, self.format.ok(req.id, values, req.single)
+
+    def _produce_and_wait(self, responses: list[tuple[Any, dict[str, Any]]]) -> None:
+        self._delivery_errors.clear()
+        self._acked = 0
+        for msg, body in responses:
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            self._produce(msg.key(), payload, body)
+        left = self.producer.flush(self.cfg.flush_timeout_s)
+        if left or self._delivery_errors or self._acked != len(responses):
+            raise DeliveryFailed(f"{left} of {len(responses)} responses unacknowledged after "
+                                 f"{self.cfg.flush_timeout_s:.0f} s, {len(self._delivery_errors)} failed "
+                                 f"({'; '.join(self._delivery_errors[:3])}); the batch was not committed and will "
+                                 "be processed again after a restart")
+        self.counters.produced += self._acked
+
+    def _produce(self, key, payload: bytes, body: dict[str, Any]) -> None:
+        while True:
+            try:
+                self.producer.produce(self.cfg.response_topic, value=payload, key=key, on_delivery=self._delivered)
+                return
+            except BufferError:  # the local queue is full: serve delivery reports, then try again
+                self.producer.poll(0.1)
+            except self.ck.KafkaException as exc:
+                if exc.args[0].code() != self.ck.KafkaError.MSG_SIZE_TOO_LARGE or "error" in body:
+                    raise
+                self.counters.errors += 1
+                message = (f"the response ({len(payload)} bytes) exceeds the producer's message.max.bytes; "
+                           "send fewer texts per request")
+                payload = json.dumps(self.format.error(body["id"], message)).encode()
+                body = {"error": message}
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self._delivery_errors.append(err.str())
+        else:
+            self._acked += 1
+
+    # -- counters -----------------------------------------------------------------------------------------
+    def lag(self) -> int:
+        """Requests waiting in this bridge's partitions: high watermark minus position, summed (-1: unknown)."""
+        try:
+            assigned = self.consumer.assignment()
+            if not assigned:
+                return 0
+            total = 0
+            for tp in self.consumer.position(assigned):
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
+                position = tp.offset if tp.offset >= 0 else low
+                total += max(high - position, 0)
+            return total
+        except self.ck.KafkaException as exc:
+            log.warning("lag unknown: %s", exc.args[0].str())
+            return -1
+
+    def log_stats(self, final: bool = False) -> None:
+        self.counters.lag = self.lag()
+        log.info("%s %s", "final stats" if final else "stats", json.dumps(asdict(self.counters)))
+
+
+def _parse_failpoint(value: str | None) -> int:
+    if not value:
+        return 0
+    name, _, count = value.partition(":")
+    if name != "kill-before-commit" or not count.isdigit():
+        raise UserError(f"{FAILPOINT_ENV}={value!r} is not understood; use kill-before-commit:N or unset it")
+    return int(count)
+
+
+def parse_kafka_options(options: Sequence[str]) -> dict[str, str]:
+    """``-X key=value`` pairs (librdkafka property names; ``consumer.``/``producer.`` prefixes target one)."""
+    out: dict[str, str] = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"-X {item!r} is not KEY=VALUE; write e.g. -X security.protocol=SASL_SSL")
+        out[key.strip()] = value
+    return out

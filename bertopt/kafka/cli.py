@@ -1,0 +1,98 @@
+"""``bertopt kafka``: the request/response bridge command; confluent-kafka and the runtime are imported inside."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from bertopt.errors import UserError
+
+HELP = (
+    "Answer prediction requests from a Kafka topic, at least once.\n\n"
+    "Consume up to --max-batch requests (or what arrived within --max-wait-ms), run them as one batch, produce one "
+    "response per request to --response-topic, wait for the broker's acknowledgements, and only then commit the "
+    "offsets. A bridge killed mid-batch leaves the batch uncommitted, so it is answered again after the restart "
+    "(duplicates possible, losses not). A malformed request gets an error response with its id (or, without an "
+    "id, is logged and skipped). SIGTERM finishes the batch in hand, commits and exits 0.\n\n"
+    "Example: [bold]bertopt kafka artifacts/int8 --bootstrap kafka1:9092 --request-topic bert-requests "
+    "--response-topic bert-responses --max-batch 64[/]"
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("kafka", help=HELP)
+    def kafka_command(
+        artifact: Path = typer.Argument(..., help="Artifact folder: the model the responses come from (with "
+                                        "--backend zmq, the one the serve cluster runs; its digest is reported).",
+                                        show_default=False),
+        bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers, HOST:PORT[,...].",
+                                      show_default=False),
+        request_topic: str = typer.Option(..., "--request-topic", help="Topic clients write requests to: JSON "
+                                          '{"id": ..., "text": "..."} or {"id": ..., "texts": [...]}.',
+                                          show_default=False),
+        response_topic: str = typer.Option(..., "--response-topic", help="Topic the responses go to, keyed by "
+                                           "the request's key and carrying its id.", show_default=False),
+        group_id: str = typer.Option("bertopt-kafka", "--group-id", "-g", help="Consumer group: bridges sharing "
+                                     "it split the request partitions between them."),
+        max_batch: int = typer.Option(64, "--max-batch", help="Most requests run through the model as one batch."),
+        max_wait_ms: int = typer.Option(50, "--max-wait-ms", help="How long to wait for a batch to fill before "
+                                        "running what arrived."),
+        backend: str = typer.Option("local", "--backend", help="local: run the artifact in this process. zmq: "
+                                    "send batches to a running 'bertopt serve' cluster (--server, --port, "
+                                    "--port-out), so the bridge scales out with its workers."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="Runtime threads (local backend; default: "
+                                              "all cores)."),
+        batch_size: int = typer.Option(32, "--batch-size", help="Runtime batch size inside one bridge batch "
+                                       "(local backend): texts are length-bucketed into batches of this size."),
+        server: str = typer.Option("127.0.0.1", "--server", help="zmq backend: address of 'bertopt serve'."),
+        port: int = typer.Option(5555, "--port", "-p", help="zmq backend: the server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", help="zmq backend: the server's reply port."),
+        timeout_ms: int = typer.Option(30000, "--timeout-ms", help="zmq backend: give up on a batch after this "
+                                       "long (the bridge then exits without committing it)."),
+        max_texts_per_request: int = typer.Option(256, "--max-texts-per-request", help="A request with more "
+                                                  "texts gets an error response (responses must fit in one Kafka "
+                                                  "message)."),
+        kafka_option: Optional[List[str]] = typer.Option(None, "-X", "--kafka-config", help="librdkafka property "
+                                                         "KEY=VALUE for consumer and producer, repeatable, e.g. "
+                                                         "-X security.protocol=SASL_SSL; prefix consumer. or "
+                                                         "producer. to target one."),
+        stats_interval: float = typer.Option(10.0, "--stats-interval", help="Seconds between counter log lines "
+                                             "(consumed, produced, errors, lag)."),
+        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for the cluster's "
+                                              "metadata at start-up before giving up."),
+        log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    ) -> None:
+        """Answer prediction requests from a Kafka topic, at least once (help: HELP above)."""
+        from bertopt.kafka.bridge import BackendFailed, BridgeConfig, DeliveryFailed, KafkaBridge, parse_kafka_options
+
+        level = getattr(logging, log_level.upper(), None)
+        if not isinstance(level, int):
+            raise UserError(f"--log-level {log_level!r} is not known; use debug, info, warning or error")
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if backend not in ("local", "zmq"):
+            raise UserError(f"--backend {backend!r} is not known; use local or zmq")
+        cfg = BridgeConfig(bootstrap=bootstrap, request_topic=request_topic, response_topic=response_topic,
+                           group_id=group_id, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                           max_texts_per_request=max_texts_per_request, stats_interval_s=stats_interval,
+                           connect_timeout_s=connect_timeout,
+                           kafka_config=parse_kafka_options(kafka_option or []))
+        cfg.check()
+        if backend == "local":
+            from bertopt.kafka.bridge import LocalBackend
+
+            runner = LocalBackend(artifact, threads=threads, batch_size=batch_size)
+        else:
+            from bertopt.errors import require
+            from bertopt.kafka.bridge import ZmqBackend
+
+            require("zmq", "serve", "bertopt kafka --backend zmq")
+            runner = ZmqBackend(artifact, host=server, port=port, port_out=port_out, timeout_ms=timeout_ms)
+        bridge = KafkaBridge(runner, cfg)
+        try:
+            bridge.run()
+        except (BackendFailed, DeliveryFailed) as exc:
+            logging.getLogger("bertopt.kafka").error("%s", exc)
+            raise typer.Exit(1) from None
