@@ -1,0 +1,36 @@
+"""Spark batch inference with bertopt artifacts.
+
+* ``predict_udf(artifact, ...)``: a ``predict_batch_udf`` column function, text column(s) -> embedding /
+  logits (``array<float>``) or label (string);
+* ``predict_dataframe(df, artifact, ...)``: the ``mapInPandas`` variant keeping every input column;
+* ``ship_artifact(spark, artifact)``: send an artifact to the executors as an archive;
+* ``spark_check(artifact, texts, ...)``: the UDF's results against the in-process runtime's;
+* ``get_session(master)``: a SparkSession set up for inference.
+
+Imports are lazy: ``import bertopt.spark`` does not import pyspark.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "predict_udf": "bertopt.spark.udf",
+    "predict_dataframe": "bertopt.spark.udf",
+    "ship_artifact": "bertopt.spark.udf",
+    "ArtifactRef": "bertopt.spark.udf",
+    "read_load_log": "bertopt.spark.udf",
+    "spark_check": "bertopt.spark.validate",
+    "spark_predict": "bertopt.spark.job",
+    "get_session": "bertopt.spark.session",
+    "worker_errors": "bertopt.spark.session",
+    "choose_placement": "bertopt.spark.placement",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'bertopt.spark' has no attribute {name!r}")

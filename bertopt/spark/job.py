@@ -1,0 +1,181 @@
+"""``bertopt spark-predict``: read a table (Parquet, CSV or text), append predictions, write Parquet.
+
+Everything that can be checked before the job starts is checked first (input readable, text column present
+and a string, output free, artifact valid), so a typo fails in seconds with one line, not after a job.
+The output is written to a hidden folder next to the destination and renamed into place when the job
+succeeds: a failed job leaves nothing that looks like a result.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bertopt.errors import UserError
+
+FORMATS = ("auto", "parquet", "csv", "text")
+_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
+JOB_GROUP = "bertopt-spark-predict"
+
+
+def _has_scheme(path: str) -> bool:
+    return "://" in path
+
+
+def detect_format(path: str, fmt: str = "auto") -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown input format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    if fmt != "auto":
+        return fmt
+    p = Path(path)
+    candidates = [p]
+    if not _has_scheme(path) and p.is_dir():
+        candidates = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(("_", ".")))
+    for f in candidates:
+        found = _SUFFIXES.get(f.suffix.lower())
+        if found:
+            return found
+    raise UserError(f"cannot tell the format of {path} from its name; pass --format parquet, csv or text")
+
+
+def read_input(spark, path: str, fmt: str, text_col: str):
+    """The input as a DataFrame; an unreadable input raises a UserError naming the file."""
+    if not _has_scheme(path):
+        p = Path(path)
+        if not p.exists():
+            raise UserError(f"input {path} does not exist; give a Parquet, CSV or text file (or a folder of them)")
+        if p.is_file():
+            try:
+                with open(p, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                raise UserError(f"cannot read input {path}: {exc.strerror}; check its permissions") from None
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        if fmt == "parquet":
+            df = spark.read.parquet(path)
+        elif fmt == "csv":
+            df = spark.read.options(header=True, multiLine=True, escape='"').csv(path)
+        else:
+            df = spark.read.text(path).withColumnRenamed("value", text_col)
+        df.schema  # noqa: B018 - forces the file footers / header to be read now, before the job
+    except (PySparkException, Py4JJavaError) as exc:
+        raise UserError(f"cannot read {path} as {fmt}: {spark_error_summary(exc)}; check the file or pass "
+                        "--format") from None
+    return df
+
+
+def spark_error_summary(exc: BaseException) -> str:
+    """The useful line of a Spark error: the Java exception's message, without error class or stack."""
+    text = str(exc).strip()
+    found = re.search(r"^: [\w.$]+(?:Exception|Error): (.+)$", text, flags=re.M)
+    line = found.group(1) if found else (text.splitlines()[0] if text else type(exc).__name__)
+    line = re.sub(r"^\[[A-Z_.]+\]\s*", "", line).strip()
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def task_counts(sc, group: str) -> tuple[int, int]:
+    """Completed and total tasks of the spark-predict job group's stages so far."""
+    tracker = sc.statusTracker()
+    done = total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in (job.stageIds if job else []):
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                done += stage.numCompletedTasks
+                total += stage.numTasks
+    return done, total
+
+
+def _progress_poller(sc, group: str, report: Callable[[int, int], None], stop: threading.Event) -> threading.Thread:
+    def poll() -> None:
+        while not stop.wait(0.5):
+            done, total = task_counts(sc, group)
+            if total:
+                report(done, total)
+
+    thread = threading.Thread(target=poll, name="bertopt-spark-progress", daemon=True)
+    thread.start()
+    return thread
+
+
+def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *, text_col: str = "text",
+                  pair_col: str | None = None, master: str = "local[2]", partitions: int | None = None,
+                  batch_size: int = 32, max_seq_len: int | None = None, fmt: str = "auto",
+                  outputs: Sequence[str] | None = None, prefix: str = "", force: bool = False, ship: bool = False,
+                  provider: str = "auto", threads: int | None = None, spark=None,
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run the artifact over a table and write Parquet with the input columns plus the predictions."""
+    from bertopt.artifact import Artifact
+    from bertopt.spark.session import get_session, worker_errors
+    from bertopt.spark.udf import check_columns, predict_dataframe, resolve_outputs
+
+    input, output = str(input), str(output)
+    if partitions is not None and partitions < 1:
+        raise UserError(f"--partitions must be at least 1, got {partitions}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    out_path = Path(output)
+    if _has_scheme(output):
+        raise UserError(f"output {output}: spark-predict writes to a local or shared file system path; "
+                        "use the Python API (predict_dataframe) to write elsewhere")
+    if out_path.exists() and not force:
+        raise UserError(f"output {output} already exists; choose another --output or pass --force to replace it")
+    fmt = detect_format(input, fmt)
+    art = Artifact.load(artifact)
+    resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
+
+    t0 = time.perf_counter()
+    if spark is None:
+        spark = get_session(master, app_name="bertopt spark-predict")
+    startup_s = time.perf_counter() - t0
+    df = read_input(spark, input, fmt, text_col)
+    check_columns(df, text_col, pair_col)  # a missing column fails here, before any job
+    n_parts = df.rdd.getNumPartitions()
+    wanted = partitions or max(n_parts, spark.sparkContext.defaultParallelism)
+    if wanted != n_parts:
+        df = df.repartition(wanted)
+    counters: dict[str, Any] = {}
+    predicted = predict_dataframe(df, art, text_col=text_col, pair_col=pair_col, outputs=outputs, prefix=prefix,
+                                  batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
+                                  threads=threads, ship=ship, counters=counters)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.parent / f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    sc = spark.sparkContext
+    group = f"{JOB_GROUP}-{uuid.uuid4().hex[:8]}"  # this run's jobs only, for the progress bar
+    sc.setJobGroup(group, f"bertopt spark-predict {input}")
+    stop = threading.Event()
+    poller = _progress_poller(sc, group, progress, stop) if progress else None
+    t1 = time.perf_counter()
+    try:
+        with worker_errors():
+            predicted.write.mode("errorifexists").parquet(str(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        stop.set()
+        if poller is not None:
+            poller.join(timeout=5)
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    seconds = time.perf_counter() - t1
+    if out_path.exists():
+        shutil.rmtree(out_path) if out_path.is_dir() else out_path.unlink()
+    tmp.rename(out_path)
+    rows = int(counters["rows"].value)
+    if progress:
+        _, total = task_counts(sc, group)
+        progress(total or 1, total or 1)
+    return {"input": input, "format": fmt, "output": str(out_path), "rows": rows,
+            "null_rows": int(counters["null_rows"].value), "partitions": wanted, "seconds": seconds,
+            "rows_per_s": rows / seconds if seconds > 0 else float("inf"), "startup_s": startup_s,
+            "master": sc.master, "outputs": resolve_outputs(art, outputs)}

@@ -1,0 +1,468 @@
+"""Spark inference with a bertopt artifact: a ``predict_batch_udf`` column function and a ``mapInPandas``
+variant that keeps every input column.
+
+The model is loaded once per Python worker process and reused across batches, tasks and jobs: the cache
+below is a module global of this importable module, so each worker process has exactly one (a cache defined
+in a driver script would be pickled by value and rebuilt for every task). Spark's own ``ModelCache`` (used
+by ``predict_batch_udf``) only holds the predict function, keyed by a UUID that changes with every UDF
+object; bertopt's cache is keyed by the artifact digest and placement, so even a new UDF on the same artifact
+reuses the loaded model. Both rely on ``spark.python.worker.reuse=true`` (Spark's default, set explicitly by
+``bertopt.spark.get_session``); with reuse off, every task starts a new worker and loads the model again.
+
+Every load appends one line to the load log (``load_log=`` or the ``BERTOPT_SPARK_LOAD_LOG`` environment
+variable) and bumps ``LOADS``: that is how tests and users can see that a job loaded the model N times, not
+once per batch.
+
+Null, empty or whitespace-only text gives a null prediction (not a failed job). The model always runs
+through ``bertopt.runtime.Predictor``, the one runtime that ``bertopt validate`` checks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from bertopt.errors import ArtifactError, UserError
+
+LOAD_LOG_ENV = "BERTOPT_SPARK_LOAD_LOG"
+CACHE_SIZE = 4  # models kept per worker process (different artifacts, or one per GPU)
+DEFAULT_WINDOW = 1024  # rows one predict call sees: sorted by length, then cut into batch_size batches
+LABEL = "label"
+# Java's \s, so the Spark-side null mask and the Python-side check agree on what "empty" text is
+_BLANK = " \t\n\x0b\f\r"
+_BLANK_REGEX = r"\A[ \t\n\x0B\f\r]*\z"
+
+_PREDICTORS: "OrderedDict[tuple, Any]" = OrderedDict()
+_LOCK = threading.Lock()
+LOADS = 0  # models loaded by this process
+_SHIPPED: dict[tuple[str, str], str] = {}  # (application id, digest) -> archive name, on the driver
+
+
+# -- where executors find the artifact -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArtifactRef:
+    """The artifact as executors see it: a path they can read (shared file system, local mode), or the name
+    of an archive shipped with ``SparkContext.addArchive`` / ``spark-submit --archives``; plus the digest the
+    driver saw, so an executor never silently runs a different model."""
+
+    path: str
+    digest: str
+    archive: str | None = None
+
+    def resolve(self) -> Path:
+        host = socket.gethostname()
+        if self.archive:
+            from pyspark import SparkFiles
+
+            root = Path(SparkFiles.getRootDirectory()) / self.archive
+            if not root.exists():
+                raise ArtifactError(
+                    f"artifact archive '{self.archive}' is not present on executor {host} (looked in {root}); "
+                    f"ship it with ship_artifact(spark, path) / --ship, or spark-submit --archives "
+                    f"ARTIFACT.zip#{self.archive}")
+            return _artifact_dir_in(root, self.archive)
+        path = Path(self.path)
+        if not (path / "bertopt.json").is_file():
+            raise ArtifactError(
+                f"artifact {path} is not present on executor {host}; put it on a file system every executor "
+                "can read, or ship it to the executors with --ship (SparkContext.addArchive)")
+        return path
+
+
+def _artifact_dir_in(root: Path, name: str) -> Path:
+    if (root / "bertopt.json").is_file():
+        return root
+    inner = [d for d in root.iterdir() if (d / "bertopt.json").is_file()] if root.is_dir() else []
+    if len(inner) == 1:
+        return inner[0]
+    raise ArtifactError(f"archive '{name}' holds no bertopt artifact (no bertopt.json at its top or one folder "
+                        "down); zip the artifact folder itself")
+
+
+def ship_artifact(spark, artifact) -> ArtifactRef:
+    """Zip a driver-local artifact and add it to the Spark job (``SparkContext.addArchive``): every executor
+    downloads and unpacks it once, and the UDF loads it from there (hashes verified on load)."""
+    import tempfile
+    import zipfile
+
+    from bertopt.artifact import Artifact
+
+    art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+    sc = spark.sparkContext
+    key = (sc.applicationId, art.digest)
+    name = _SHIPPED.get(key)
+    if name is None:
+        name = f"bertopt-{art.digest[:16]}"
+        folder = Path(tempfile.mkdtemp(prefix="bertopt-ship-"))
+        archive = folder / f"{name}.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:  # model weights barely compress
+            for file in sorted(art.path.rglob("*")):
+                if file.is_file():
+                    zf.write(file, file.relative_to(art.path).as_posix())
+        sc.addArchive(f"{archive}#{name}")
+        _SHIPPED[key] = name
+    return ArtifactRef(str(art.path.absolute()), art.digest, archive=name)
+
+
+# -- options and the per-process model cache ---------------------------------------------------------------
+@dataclass(frozen=True)
+class UdfOptions:
+    outputs: tuple[str, ...]  # artifact output names, and/or "label" for classifiers
+    batch_size: int = 32
+    max_seq_len: int | None = None
+    provider: str = "auto"  # auto: CUDA when the executor has a GPU, else CPU; or "cpu" / "cuda"
+    threads: int | None = None  # per task; default: executor cores // concurrent tasks
+    concurrent_tasks: int = 1
+    load_log: str | None = None
+    label_source: str | None = None  # the logits output "label" is the argmax of
+    id2label: tuple[tuple[str, str], ...] = ()
+
+
+def task_placement(opts: UdfOptions):
+    from pyspark import TaskContext
+
+    from bertopt.runtime.backends import default_threads
+    from bertopt.spark.placement import choose_placement, visible_gpu_count
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    assigned = None
+    n_gpus = 0
+    if opts.provider != "cpu":
+        resources = ctx.resources() if ctx is not None else {}
+        assigned = list(resources["gpu"].addresses) if "gpu" in resources else None
+        n_gpus = visible_gpu_count()
+        if opts.provider == "cuda" and not n_gpus and not assigned:
+            raise UserError(f"provider 'cuda' requested but executor {socket.gethostname()} has no visible GPU; "
+                            "use --provider cpu or auto")
+    return choose_placement(partition, n_gpus, default_threads(), opts.concurrent_tasks, assigned, opts.threads)
+
+
+def get_predictor(ref: ArtifactRef, opts: UdfOptions):
+    """This process's Predictor for the artifact and task placement, loading it on first use only."""
+    global LOADS
+    placement = task_placement(opts)
+    key = (ref.path, ref.archive, ref.digest, opts.max_seq_len, placement)
+    with _LOCK:
+        predictor = _PREDICTORS.get(key)
+        if predictor is not None:
+            _PREDICTORS.move_to_end(key)
+            return predictor
+        from bertopt.runtime import Predictor
+
+        path = ref.resolve()
+        t0 = time.perf_counter()
+        predictor = Predictor(path, provider=placement.provider, device_id=placement.device_id,
+                              threads=placement.threads, max_seq_len=opts.max_seq_len, batch_size=opts.batch_size)
+        if predictor.artifact.digest != ref.digest:
+            raise ArtifactError(f"artifact at {path} on executor {socket.gethostname()} has digest "
+                                f"{predictor.artifact.digest[:12]}, the driver's has {ref.digest[:12]}; "
+                                "the executors see a different model, ship the same artifact to them")
+        _PREDICTORS[key] = predictor
+        while len(_PREDICTORS) > CACHE_SIZE:
+            _PREDICTORS.popitem(last=False)
+        LOADS += 1
+        _log_load(opts.load_log or os.environ.get(LOAD_LOG_ENV), path, placement, time.perf_counter() - t0)
+    return predictor
+
+
+def _log_load(log: str | None, path: Path, placement, seconds: float) -> None:
+    if not log:
+        return
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    line = "\t".join([str(os.getpid()), socket.gethostname(), str(ctx.partitionId() if ctx else -1),
+                      placement.describe(), str(path), f"{seconds:.3f}"])
+    with open(log, "a", encoding="utf-8") as fh:  # one short O_APPEND write per load
+        fh.write(line + "\n")
+
+
+def read_load_log(log: str | os.PathLike) -> list[dict[str, Any]]:
+    """The loads recorded in a load log: one dict (pid, host, partition, placement, path, seconds) each."""
+    p = Path(log)
+    if not p.exists():
+        return []
+    rows = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        pid, host, partition, placement, path, seconds = line.split("\t")
+        rows.append({"pid": int(pid), "host": host, "partition": int(partition), "placement": placement,
+                     "path": path, "seconds": float(seconds)})
+    return rows
+
+
+# -- predicting ----------------------------------------------------------------------------------------------
+def is_text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip(_BLANK) != ""
+
+
+def predict_rows(predictor, texts: Sequence[Any], pairs: Sequence[Any] | None, opts: UdfOptions) -> dict[str, list]:
+    """Each requested output as a per-row list (arrays, or label strings); None where the text is null/empty."""
+    n = len(texts)
+    valid = [i for i in range(n) if is_text(texts[i]) and (pairs is None or is_text(pairs[i]))]
+    result: dict[str, list] = {name: [None] * n for name in opts.outputs}
+    if not valid:
+        return result
+    model_outputs = [o for o in opts.outputs if o != LABEL]
+    needed = list(dict.fromkeys(model_outputs + ([opts.label_source] if LABEL in opts.outputs else [])))
+    run = predictor.run([texts[i] for i in valid], [pairs[i] for i in valid] if pairs is not None else None,
+                        outputs=needed, batch_size=opts.batch_size)
+    for name in model_outputs:
+        column, values = result[name], run[name]
+        for j, i in enumerate(valid):
+            column[i] = values[j]
+    if LABEL in opts.outputs:
+        names = dict(opts.id2label)
+        column = result[LABEL]
+        for j, i in enumerate(valid):
+            index = str(int(np.argmax(run[opts.label_source][j])))
+            column[i] = names.get(index, index)
+    return result
+
+
+class _MakePredictFn:
+    """``make_predict_fn`` for predict_batch_udf: importable, so cloudpickle sends a reference, not the code."""
+
+    def __init__(self, ref: ArtifactRef, opts: UdfOptions, with_pairs: bool, dim: int):
+        self.ref, self.opts, self.with_pairs, self.dim = ref, opts, with_pairs, dim
+
+    def _format(self, texts, pairs):
+        # the predictor is looked up per call (a dict hit): Spark's ModelCache may hand this function to a
+        # task of another partition, which may belong on another GPU
+        values = predict_rows(get_predictor(self.ref, self.opts), texts, pairs, self.opts)[self.opts.outputs[0]]
+        if self.opts.outputs[0] == LABEL:
+            return np.array(values, dtype=object)
+        out = np.full((len(values), self.dim), np.nan, dtype=np.float32)  # NaN rows are nulled by the mask
+        for i, v in enumerate(values):
+            if v is not None:
+                out[i] = v
+        return out
+
+    def __call__(self):
+        if self.with_pairs:
+            def predict(texts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+                return self._format(texts, pairs)
+        else:
+            def predict(texts: np.ndarray) -> np.ndarray:
+                return self._format(texts, None)
+        return predict
+
+
+# -- driver side ------------------------------------------------------------------------------------------------
+def _load_on_driver(artifact):
+    from bertopt.artifact import Artifact
+
+    return artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+
+
+def _is_pooled(spec: dict[str, Any]) -> bool:
+    return "sequence" not in [str(d) for d in spec.get("shape", [])]
+
+
+def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
+    """The output names to predict: the artifact's primary output (plus "label" for classifiers) by default."""
+    specs = {o["name"]: o for o in art.outputs}
+    logits = [name for name, o in specs.items() if o.get("kind") == "logits"]
+    if outputs is None:
+        primary = art.model_info.get("primary_output") or (art.outputs[-1]["name"] if art.outputs else None)
+        if primary is None or not _is_pooled(specs[primary]):
+            pooled = [name for name, o in specs.items() if _is_pooled(o)]
+            if not pooled:
+                raise UserError(f"artifact {art.path} has only per-token outputs; the Spark UDF returns one row per "
+                                "text, export the model with pooling (a sentence embedding) or as a classifier")
+            primary = pooled[-1]
+        return [primary] + ([LABEL] if logits else [])
+    names = [outputs] if isinstance(outputs, str) else list(outputs)
+    if not names:
+        raise UserError("no outputs requested; name at least one (e.g. --outputs sentence_embedding)")
+    for name in names:
+        if name == LABEL:
+            if not logits:
+                raise UserError(f"output 'label' needs a classifier (a logits output); {art.path} has: "
+                                f"{', '.join(specs)}")
+            continue
+        if name not in specs:
+            raise UserError(f"unknown output '{name}'; this artifact has: {', '.join(specs)}"
+                            + (", label" if logits else ""))
+        if not _is_pooled(specs[name]):
+            raise UserError(f"output '{name}' is per-token; the Spark UDF returns one value per row, "
+                            "choose a pooled output (sentence embedding or logits)")
+    return names
+
+
+def _output_dim(art, name: str) -> int:
+    shape = {o["name"]: o for o in art.outputs}[name].get("shape", [])
+    if shape and isinstance(shape[-1], int):
+        return shape[-1]
+    hidden = art.model_info.get("hidden_size")
+    if hidden:
+        return int(hidden)
+    raise UserError(f"artifact {art.path} does not record the width of output '{name}'; re-create the artifact")
+
+
+def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq_len: int | None, provider: str,
+                 threads: int | None, load_log: str | None) -> UdfOptions:
+    from bertopt.spark.placement import concurrent_tasks_for
+    from bertopt.spark.session import worker_reuse_enabled
+
+    if batch_size < 1:
+        raise UserError(f"batch size must be at least 1, got {batch_size}")
+    if provider not in ("auto", "cpu", "cuda"):
+        raise UserError(f"unknown provider '{provider}'; choose auto, cpu or cuda")
+    if not worker_reuse_enabled(spark):
+        import warnings
+
+        warnings.warn("spark.python.worker.reuse is false: every task starts a new Python worker and loads the "
+                      "model again; set it to true", stacklevel=3)
+    conf = spark.sparkContext.getConf()
+    concurrent = concurrent_tasks_for(spark.sparkContext.master, conf.get("spark.executor.cores"),
+                                      conf.get("spark.task.cpus"))
+    logits = [o["name"] for o in art.outputs if o.get("kind") == "logits"]
+    id2label = art.model_info.get("id2label") or {}
+    return UdfOptions(outputs=tuple(outputs), batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
+                      threads=threads, concurrent_tasks=concurrent,
+                      load_log=load_log or os.environ.get(LOAD_LOG_ENV),
+                      label_source=logits[0] if logits else None,
+                      id2label=tuple((str(k), str(v)) for k, v in id2label.items()))
+
+
+def _ref_for(spark, art, archive: str | None, ship: bool) -> ArtifactRef:
+    if ship:
+        return ship_artifact(spark, art)
+    return ArtifactRef(str(art.path.absolute()), art.digest, archive=archive)
+
+
+def _active_session(spark):
+    if spark is not None:
+        return spark
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        raise UserError("no active Spark session; create one first (bertopt.spark.get_session()) or pass spark=")
+    return active
+
+
+def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, max_seq_len: int | None = None,
+                pairs: bool = False, provider: str = "auto", threads: int | None = None, window: int | None = None,
+                spark=None, archive: str | None = None, ship: bool = False, load_log: str | None = None):
+    """A column function running an artifact on a text column (or two, for pairs), built on
+    ``pyspark.ml.functions.predict_batch_udf``.
+
+    ``udf = predict_udf("art/")`` then ``df.withColumn("embedding", udf("text"))`` gives ``array<float>``
+    (sentence embedding, or logits for classifiers); ``output="label"`` gives the class name as a string.
+    Each predict call sees up to ``window`` rows, sorted by length and cut into ``batch_size`` batches.
+    ``archive=NAME`` loads the artifact on executors from an archive shipped as ``--archives ART.zip#NAME``;
+    ``ship=True`` zips and ships the driver's copy itself.
+    """
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, FloatType, StringType
+
+    spark = _active_session(spark)
+    art = _load_on_driver(artifact)
+    name = resolve_outputs(art, output)[0] if output is None else resolve_outputs(art, [output])[0]
+    opts = make_options(art, spark, [name], batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
+                        threads=threads, load_log=load_log)
+    ref = _ref_for(spark, art, archive, ship)
+    is_label = name == LABEL
+    dim = 0 if is_label else _output_dim(art, name)
+    window = max(batch_size, window or DEFAULT_WINDOW)
+    raw = predict_batch_udf(_MakePredictFn(ref, opts, pairs, dim),
+                            return_type=StringType() if is_label else ArrayType(FloatType()), batch_size=window)
+
+    def column(text_col, pair_col=None):
+        if pairs and pair_col is None:
+            raise UserError("this UDF was made with pairs=True; call it with two columns (text, pair)")
+        if not pairs and pair_col is not None:
+            raise UserError("this UDF takes one text column; make it with pairs=True to pass a second one")
+        cols = [F.col(c) if isinstance(c, str) else c for c in ([text_col] if pair_col is None else
+                                                                 [text_col, pair_col])]
+        valid = None
+        for c in cols:
+            ok = c.isNotNull() & ~c.rlike(_BLANK_REGEX)
+            valid = ok if valid is None else valid & ok
+        return F.when(valid, raw(*cols))
+
+    column.output = name
+    column.options = opts
+    column.artifact_ref = ref
+    return column
+
+
+class _PartitionPredictor:
+    """The mapInPandas function: appends prediction columns to each pandas batch of a partition."""
+
+    def __init__(self, ref: ArtifactRef, opts: UdfOptions, text_col: str, pair_col: str | None,
+                 columns: dict[str, str], rows_acc=None, null_acc=None):
+        self.ref, self.opts, self.text_col, self.pair_col = ref, opts, text_col, pair_col
+        self.columns, self.rows_acc, self.null_acc = columns, rows_acc, null_acc
+
+    def __call__(self, batches: Iterator) -> Iterator:
+        for pdf in batches:
+            texts = pdf[self.text_col].tolist()
+            pairs = pdf[self.pair_col].tolist() if self.pair_col else None
+            values = predict_rows(get_predictor(self.ref, self.opts), texts, pairs, self.opts)
+            out = pdf.copy()
+            for name, column in self.columns.items():
+                out[column] = values[name]
+            if self.rows_acc is not None:
+                self.rows_acc.add(len(pdf))
+            if self.null_acc is not None and self.opts.outputs:
+                self.null_acc.add(sum(v is None for v in values[self.opts.outputs[0]]))
+            yield out
+
+
+def check_columns(df, text_col: str, pair_col: str | None = None) -> None:
+    """A clear error, before any job runs, when a text column is missing or is not a string."""
+    from pyspark.sql.types import StringType
+
+    fields = {f.name: f for f in df.schema.fields}
+    for col in [text_col] + ([pair_col] if pair_col else []):
+        if col not in fields:
+            raise UserError(f"input has no column '{col}'; its columns are: {', '.join(fields) or 'none'} "
+                            "(choose one with --text-col)")
+        if not isinstance(fields[col].dataType, StringType):
+            raise UserError(f"column '{col}' holds {fields[col].dataType.simpleString()}, not text; "
+                            "choose a string column or cast it")
+
+
+def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | None = None,
+                      outputs: Sequence[str] | str | None = None, prefix: str = "", batch_size: int = 32,
+                      max_seq_len: int | None = None, provider: str = "auto", threads: int | None = None,
+                      archive: str | None = None, ship: bool = False, load_log: str | None = None,
+                      counters: dict | None = None):
+    """``df`` with every input column kept and one column per prediction appended (``mapInPandas``).
+
+    Embeddings/logits are ``array<float>``, ``label`` is a string; null or empty text gives nulls.
+    ``counters``: pass a dict to receive Spark accumulators ``rows`` and ``null_rows`` filled by the job.
+    """
+    from pyspark.sql.types import ArrayType, FloatType, StringType, StructField, StructType
+
+    spark = df.sparkSession
+    check_columns(df, text_col, pair_col)
+    art = _load_on_driver(artifact)
+    names = resolve_outputs(art, outputs)
+    columns = {name: f"{prefix}{name}" for name in names}
+    clash = [c for c in columns.values() if c in df.columns]
+    if clash:
+        raise UserError(f"the input already has a column '{clash[0]}'; choose a --prefix for the prediction columns")
+    opts = make_options(art, spark, names, batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
+                        threads=threads, load_log=load_log)
+    ref = _ref_for(spark, art, archive, ship)
+    rows_acc = null_acc = None
+    if counters is not None:
+        rows_acc = counters["rows"] = spark.sparkContext.accumulator(0)
+        null_acc = counters["null_rows"] = spark.sparkContext.accumulator(0)
+    schema = StructType(list(df.schema.fields) + [
+        StructField(columns[name], StringType() if name == LABEL else ArrayType(FloatType()), True)
+        for name in names])
+    return df.mapInPandas(_PartitionPredictor(ref, opts, text_col, pair_col, columns, rows_acc, null_acc), schema)

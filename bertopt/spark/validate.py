@@ -1,0 +1,99 @@
+"""Validation in UDF form: run texts through the Spark UDF and through the in-process Predictor on the same
+artifact, and report how far apart they are and how fast the UDF is.
+
+``bertopt validate --spark`` calls ``spark_check`` and applies its threshold (within 1e-5) to
+``max_abs_diff``. Null/empty texts must come back null from the UDF; they are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_size: int = 32,
+                pairs: Sequence[str] | None = None, *, spark=None, output: str | None = None,
+                threads: int | None = None) -> dict[str, Any]:
+    """Compare the UDF's results with the in-process runtime's on the same artifact.
+
+    Returns ``max_abs_diff`` (over all compared values; inf when a row that should have a prediction came back
+    null), ``rows``, ``rows_per_s`` (UDF, once started: a second pass after a warm-up pass that starts the
+    Python workers and loads the model), ``startup_s`` (getting the Spark session), ``first_action_s``
+    (warm-up pass), ``in_process_rows_per_s``, ``ratio`` (UDF / in-process throughput), ``null_rows`` and
+    ``null_rows_ok``, ``output``, ``master``, ``batch_size``.
+    """
+    import pandas as pd
+
+    from bertopt.artifact import Artifact
+    from bertopt.errors import UserError
+    from bertopt.runtime import Predictor
+    from bertopt.spark.session import get_session, worker_errors
+    from bertopt.spark.udf import LABEL, is_text, predict_udf, resolve_outputs
+
+    art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+    texts = list(texts)
+    if not texts:
+        raise UserError("spark check needs at least one text")
+    if pairs is not None and len(pairs) != len(texts):
+        raise UserError(f"got {len(texts)} texts but {len(pairs)} pairs")
+    name = resolve_outputs(art, [output] if output else None)[0]
+    if name == LABEL:
+        raise UserError("spark check compares numeric outputs; choose the logits or embedding output")
+
+    t0 = time.perf_counter()
+    session = spark if spark is not None else get_session(master, app_name="bertopt validate --spark")
+    startup_s = time.perf_counter() - t0
+
+    frame = {"idx": np.arange(len(texts), dtype=np.int64), "text": pd.Series(texts, dtype=object)}
+    if pairs is not None:
+        frame["pair"] = pd.Series(list(pairs), dtype=object)
+    df = session.createDataFrame(pd.DataFrame(frame), schema="idx long, text string"
+                                 + (", pair string" if pairs is not None else ""))
+    udf = predict_udf(art, output=name, batch_size=batch_size, pairs=pairs is not None, spark=session)
+    result = df.select("idx", (udf("text", "pair") if pairs is not None else udf("text")).alias("prediction"))
+    with worker_errors():
+        t1 = time.perf_counter()
+        result.collect()  # warm-up: starts the Python workers and loads the model once per worker
+        first_action_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        rows = result.collect()
+        udf_seconds = time.perf_counter() - t2
+    by_index = {int(r["idx"]): r["prediction"] for r in rows}
+
+    valid = [i for i in range(len(texts)) if is_text(texts[i]) and (pairs is None or is_text(pairs[i]))]
+    predictor = Predictor(art, batch_size=batch_size, threads=threads)
+    valid_texts = [texts[i] for i in valid]
+    valid_pairs = [pairs[i] for i in valid] if pairs is not None else None
+    predictor.run(valid_texts[:batch_size], valid_pairs[:batch_size] if valid_pairs else None, outputs=[name])
+    t3 = time.perf_counter()
+    reference = predictor.run(valid_texts, valid_pairs, outputs=[name])[name] if valid else np.zeros((0, 0))
+    in_process_seconds = time.perf_counter() - t3
+
+    max_abs_diff = 0.0
+    for j, i in enumerate(valid):
+        got = by_index.get(i)
+        if got is None:
+            max_abs_diff = float("inf")
+            break
+        max_abs_diff = max(max_abs_diff, float(np.max(np.abs(np.asarray(got, dtype=np.float32) - reference[j]))))
+    expected_null = set(range(len(texts))) - set(valid)
+    got_null = {i for i, v in by_index.items() if v is None}
+    udf_rps = len(rows) / udf_seconds if udf_seconds > 0 else float("inf")
+    in_rps = len(valid) / in_process_seconds if in_process_seconds > 0 else float("inf")
+    return {
+        "max_abs_diff": max_abs_diff,
+        "rows": len(rows),
+        "compared_rows": len(valid),
+        "rows_per_s": udf_rps,
+        "startup_s": startup_s,
+        "first_action_s": first_action_s,
+        "in_process_rows_per_s": in_rps,
+        "ratio": udf_rps / in_rps if in_rps else float("nan"),
+        "null_rows": len(got_null),
+        "null_rows_ok": got_null == expected_null and len(rows) == len(texts),
+        "output": name,
+        "master": session.sparkContext.master,
+        "batch_size": batch_size,
+    }

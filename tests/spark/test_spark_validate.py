@@ -1,0 +1,44 @@
+"""spark_check: the UDF's results against the in-process runtime on the same artifact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from spark_testdata import TEXTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+def test_spark_check_tiny_with_nulls(spark, tiny_onnx):
+    from bertopt.spark import spark_check
+
+    texts = TEXTS * 4 + ["", "  "]
+    report = spark_check(tiny_onnx.path, texts, batch_size=8, spark=spark)
+    assert report["rows"] == len(texts) and report["compared_rows"] == len(TEXTS) * 4
+    assert report["max_abs_diff"] <= 1e-5
+    assert report["null_rows"] == 2 and report["null_rows_ok"]
+    assert report["output"] == "sentence_embedding" and report["master"] == "local[2]"
+    for key in ("rows_per_s", "in_process_rows_per_s", "ratio", "first_action_s"):
+        assert report[key] > 0 and math.isfinite(report[key]), key
+    assert report["startup_s"] >= 0
+
+
+def test_spark_check_pairs_on_classifier(spark, tiny_classifier):
+    from bertopt.spark import spark_check
+
+    pairs = list(reversed(TEXTS))
+    report = spark_check(tiny_classifier, TEXTS, pairs=pairs, batch_size=4, spark=spark)
+    assert report["output"] == "logits" and report["rows"] == len(TEXTS)
+    assert report["max_abs_diff"] <= 1e-5 and report["null_rows"] == 0
+
+
+def test_spark_check_real_minilm_on_builtin_corpus(spark, minilm_onnx):
+    from bertopt.data import corpus
+    from bertopt.spark import spark_check
+
+    texts = corpus()
+    report = spark_check(minilm_onnx, texts, batch_size=32, spark=spark)
+    assert report["rows"] == len(texts)
+    assert report["max_abs_diff"] <= 1e-5, report
+    assert report["null_rows"] == sum(1 for t in texts if not t.strip()) and report["null_rows_ok"]
