@@ -10,10 +10,10 @@ from concurrent.futures import wait
 
 import numpy as np
 import pytest
-from conftest import alive, free_port
 from test_serve_roundtrip import make_texts
 
 from bertopt.client import Client, ServerError
+from bertopt.testing import alive, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(240)]
 

@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
-
-
-def _root_conftest():
-    # tests/conftest.py by path: several folders have a conftest.py, so "import conftest" is ambiguous
-    spec = importlib.util.spec_from_file_location("bertopt_root_conftest", Path(__file__).parents[1] / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +20,7 @@ def spark():
 def tiny_classifier(tmp_path_factory):
     """A tiny random BERT sequence classifier (3 labels) exported to ONNX."""
     from bertopt.registry import run_stage
-
-    build_tiny_hf_bert = _root_conftest().build_tiny_hf_bert
+    from bertopt.testing import build_tiny_hf_bert
 
     hf = build_tiny_hf_bert(tmp_path_factory.mktemp("tiny-cls-hf") / "model", classifier=True, seed=1)
     return run_stage("export", hf, {}, tmp_path_factory.mktemp("tiny-cls") / "art")
