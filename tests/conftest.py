@@ -6,7 +6,6 @@ Fixtures that build models are session-scoped: a tiny BERT exports in a couple o
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,5 +74,3 @@ def run_cli(args: list[str], capsys=None) -> tuple[int, str, str]:
 def cli(capsys):
     return lambda *args: run_cli(list(args), capsys)
 
-
-sys.path.insert(0, str(Path(__file__).parent))

@@ -41,6 +41,9 @@ PARAMS = [
     Param("calibration_size", int, 128, "int8-static: how many calibration sentences to use."),
     Param("accuracy_target", str, None, "Keep the most sensitive operators in fp32 until the target holds, "
           "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=lambda v: _target_ok(v)),
+    Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
+          "fp32 per search step (smaller: fewer kept, more steps).", check=lambda v: None if v >= 1
+          else "must be at least 1"),
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
@@ -59,10 +62,6 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         return quantize_tf_fp16(art, config, out_dir, overwrite)
     if config["mode"] == "fp16":
         return quantize_fp16(art, config, out_dir, overwrite)
-    if config["mode"] == "int8-dynamic":
-        from bertopt.stages.quantize_int8 import quantize_int8
-
-        return quantize_int8(art, config, out_dir, overwrite)
     from bertopt.stages.quantize_int8 import quantize_int8
 
     return quantize_int8(art, config, out_dir, overwrite)
@@ -104,6 +103,7 @@ def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     wrapper = OnnxModel(model)
     wrapper.convert_float_to_float16(keep_io_types=True, op_block_list=list(keep_fp32_ops),
                                      node_block_list=blocked_nodes, use_symbolic_shape_infer=True)
+    wrapper.topological_sort()  # casts inserted around many blocked nodes can land before their producers
     kept = sorted(n.name for n in model.graph.node if n.op_type in keep_fp32_ops) + blocked_nodes
     return wrapper.model, sorted(set(kept))
 

@@ -1,5 +1,10 @@
 """int8 quantisation with ONNX Runtime's quantiser: dynamic (weights int8, activations quantised on the fly)
-and static (QDQ, activation ranges calibrated on text)."""
+and static (QDQ, activation ranges calibrated on text with MinMax, Entropy or Percentile).
+
+Static calibration feeds one sentence at a time, so padding never widens an activation range (a padded batch
+puts [PAD] positions - values the model never uses - into every histogram). The ranges are computed once and
+cached in a JSON file, so the accuracy-aware search re-quantises without re-calibrating.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,24 @@ from pathlib import Path
 
 from bertopt.errors import UserError
 
+# Percentile keeps 99.999% of values; Entropy and Percentile reduce outliers' pull on the range. Histogram
+# calibrators stack each collected batch into one array, which fails for sentences of different lengths, so they
+# collect one sentence per call (CalibStridedMinMax=1: ORT's range-by-range collection, used by every method).
+_CALIB_OPTIONS = {"minmax": {}, "entropy": {"CalibNumBins": 512, "CalibStridedMinMax": 1},
+                  "percentile": {"CalibPercentile": 99.999, "CalibStridedMinMax": 1}}
 
-def _quantizable_nodes(model, op_types) -> list[str]:
+
+def quantizable_nodes(model, op_types, weights_only: bool = True) -> list[tuple[str, str]]:
+    """(name, op type) of the nodes of ``op_types``, in graph order: with ``weights_only`` those that carry a weight
+    (dynamic int8 quantises only those); static QDQ also quantises activation x activation MatMuls (attention
+    scores), so they are candidates too."""
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in op_types and any(i in inits for i in n.input)]
+    return [(n.name, n.op_type) for n in model.graph.node
+            if n.op_type in op_types and (not weights_only or any(i in inits for i in n.input))]
 
 
-def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibration_texts=None, predictor=None):
+def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibration_texts=None, predictor=None,
+                        calibration_cache: Path | None = None):
     """Write an int8 model quantised per ``config`` with ``exclude`` node names kept fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -29,24 +45,35 @@ def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibr
 
     methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
-    reader = TextCalibrationReader(predictor, calibration_texts)
+    cached = calibration_cache is not None and Path(calibration_cache).is_file()
+    reader = None if cached else TextCalibrationReader(predictor, calibration_texts)
     static_ops = [t for t in config["op_types"] if t != "Attention"]  # fused Attention has no QDQ kernel
     quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=config["per_channel"],
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                     op_types_to_quantize=static_ops, nodes_to_exclude=list(exclude),
                     calibrate_method=methods[config["calibration_method"]],
-                    extra_options={**extra, "ActivationSymmetric": False, "WeightSymmetric": True})
+                    extra_options={**extra, "ActivationSymmetric": False, "WeightSymmetric": True,
+                                   **_CALIB_OPTIONS[config["calibration_method"]]},
+                    calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None)
 
 
 class TextCalibrationReader:
-    """Feeds tokenised calibration sentences to ONNX Runtime's calibrator, one small batch at a time."""
+    """Feeds tokenised calibration sentences to ONNX Runtime's calibrator, one sentence (no padding) per call."""
 
-    def __init__(self, predictor, texts, batch_size: int = 8):
+    def __init__(self, predictor, texts, batch_size: int = 1):
+        if predictor is None or not texts:
+            raise UserError("static int8 needs calibration text; give --calibration-data FILE")
         self.batches = []
         for start in range(0, len(texts), batch_size):
             feeds, _ = predictor.feeds_for(predictor.tokenize(texts[start:start + batch_size]))
             self.batches.append(feeds)
         self._it = iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._it = iter(self.batches[start_index:end_index])
 
     def get_next(self):
         return next(self._it, None)
@@ -87,9 +114,15 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     before = graph_stats(model)
     calib = None
     predictor = None
+    op_types = list(config["op_types"])
     if config["mode"] == "int8-static":
         calib = load_calibration_texts(config)
         predictor = Predictor(art, provider="cpu", verify=False)
+        op_types = [t for t in op_types if t != "Attention"]
+    candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")]
+    if not candidates:
+        raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
+                        "check --op-types")
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         with tempfile.TemporaryDirectory(prefix="bertopt-q-") as tmp:
@@ -99,9 +132,12 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus())
+        excluded = [n for n in config["exclude_nodes"] if n in candidates]
         w.report.update({"before": before, "after": graph_stats(q),
-                         "quantized_nodes": len(_quantizable_nodes(model, config["op_types"]))
-                         - len(config["exclude_nodes"]),
+                         "quantized_nodes": len(candidates) - len(excluded),
                          "kept_fp32_nodes": list(config["exclude_nodes"]),
                          "accuracy_vs_parent": stats})
+        if config["mode"] == "int8-static":
+            w.report["calibration"] = {"method": config["calibration_method"], "texts": len(calib),
+                                       "source": config["calibration_data"] or "builtin calibration text"}
     return w.artifact

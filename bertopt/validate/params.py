@@ -4,6 +4,26 @@ from __future__ import annotations
 
 from bertopt.params import Param
 
+
+def _targets_ok(value: str) -> str | None:
+    from bertopt.errors import UserError
+    from bertopt.validate.targets import parse_targets
+
+    try:
+        parse_targets(value)
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def _positive(value) -> str | None:
+    return None if value is None or value >= 1 else f"must be at least 1, got {value}"
+
+
+def _quantile(value) -> str | None:
+    return None if 0 < value < 1 else f"must be between 0 and 1 (exclusive), got {value}"
+
+
 VALIDATE_PARAMS = [
     Param("data", str, "builtin", "Validation data: 'builtin' (the shipped corpus) or a .txt / .jsonl / .csv / "
           ".parquet file."),
@@ -11,17 +31,27 @@ VALIDATE_PARAMS = [
     Param("text_pair_column", str, None, "Second-segment column for sentence-pair models."),
     Param("label_column", str, None, "Label column: the task metric is computed for artifact and reference."),
     Param("reference", str, None, "Model or artifact to compare with (default: the source in the lineage)."),
-    Param("targets", str, None, "Gate thresholds, e.g. 'cos_min=0.99,neighbour_agreement_at_10=0.9,speedup=1.2'."),
+    Param("targets", str, None, "Gate thresholds, e.g. 'cos_min=0.99,neighbour_agreement_at_10=0.9,speedup=1.2'. "
+          "Metrics: cos_mean/cos_p01/cos_min, max_abs, mean_abs, abs_err_p99, pass_fraction, nan_or_inf, "
+          "neighbour_agreement_at_10, top1_agreement (name an output as 'last_hidden_state.max_abs'; default: the "
+          "primary output); with labels accuracy, f1 and accuracy_degradation/f1_degradation (reference minus "
+          "artifact); latency: speedup (geometric mean over the grid), speedup_min, latency_ratio, "
+          "latency_p50_ms/p90/p99 and throughput (worst grid point), or one point as 'speedup@32x128'.",
+          check=_targets_ok),
     Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes."),
     Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded)."),
     Param("warmup", int, 2, "Latency: warm-up runs per grid point."),
-    Param("repeats", int, 10, "Latency: timed runs per grid point."),
+    Param("repeats", int, 10, "Latency: timed runs per grid point.", check=_positive),
     Param("threads", int, None, "Threads for artifact and reference (default: all available cores)."),
     Param("provider", str, "auto", "Execution provider for the artifact.", choices=("auto", "cpu", "cuda", "tensorrt")),
     Param("atol", float, 1e-3, "Elementwise absolute tolerance for pass_fraction."),
     Param("rtol", float, 1e-3, "Elementwise relative tolerance for pass_fraction."),
-    Param("max_texts", int, None, "Use at most this many texts of the data."),
+    Param("max_texts", int, None, "Use at most this many texts of the data.", check=_positive),
     Param("spark", bool, False, "Also run the data through the Spark UDF and check it equals the runtime."),
     Param("master", str, "local[2]", "Spark master for --spark."),
     Param("latency", bool, True, "Measure the latency grid (off: accuracy only)."),
+    Param("error_quantile", float, 0.99, "Quantile of the elementwise absolute error reported as abs_err_pNN.",
+          check=_quantile),
+    Param("batch_size", int, 32, "Batch size of the accuracy runs (length-bucketed) and the Spark check.",
+          check=_positive),
 ]

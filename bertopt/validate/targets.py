@@ -2,7 +2,8 @@
 
 ``"cos_min=0.995,max_abs<=0.05"``: ``=`` means "at least" for similarity-like metrics (cos_*, *agreement*,
 *pass_fraction*, speedup) and "at most" for error-like metrics (max_abs, mean_abs, abs_err_*, nan_or_inf,
-latency); ``>=`` and ``<=`` say it explicitly.
+latency); ``>=`` and ``<=`` say it explicitly. Bounds relative to the reference: ``*_degradation`` (reference
+minus artifact, at most), ``speedup`` (artifact over reference throughput, at least), ``latency_ratio`` (at most).
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ class Target:
         return measured >= self.value if self.op == ">=" else measured <= self.value
 
     def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.value:g}"
+        return f"{self.metric} {self.op} {self.value:.10g}"
 
 
 def default_op(metric: str) -> str:
-    if any(metric.startswith(p) or p in metric for p in HIGHER_IS_BETTER):
+    base = metric.split("@")[0]  # latency metrics may name a grid point: speedup@32x128
+    if "degradation" in base or "ratio" in base:  # relative to the reference: accuracy_degradation, latency_ratio
+        return "<="
+    if any(base.startswith(p) or p in base for p in HIGHER_IS_BETTER):
         return ">="
-    if any(p in metric for p in LOWER_IS_BETTER):
+    if any(p in base for p in LOWER_IS_BETTER):
         return "<="
     raise UserError(f"unknown metric '{metric}' in target; write it with >= or <= to say which way it goes")
 

@@ -1,0 +1,152 @@
+"""Accuracy-aware int8 against plain int8 on the bundled MiniLM, in one run.
+
+Builds (or reuses) MiniLM -> ONNX -> pruned -> BERT-fused fp32, then three int8 variants of it: dynamic per-tensor,
+dynamic per-channel, and accuracy-aware (per-channel, most sensitive operators kept fp32 until the target holds on
+the calibration text). For each: cosine mean/min of the sentence embedding against PyTorch fp32 on the built-in
+corpus (the gate's reference), and throughput on mixed-length English text (length-bucketed batches of 32) with
+every contender measured in interleaved rounds (A B C ... A B C ...), medians reported. Speedups are against
+PyTorch fp32 and against ONNX Runtime fp32 (fused), measured in the same rounds.
+
+The acceptance test of issue 4: accuracy-aware cos_min >= 0.995 on the built-in corpus while keeping >= 80% of
+plain (per-channel) int8's speedup over fp32.
+
+    .venv/bin/python benchmarks/accuracy_aware.py [--target cos_min=0.997] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def build(work: Path, target: str, group: int, rebuild: bool):
+    from bertopt.artifact import Artifact, is_artifact
+    from bertopt.registry import run_stage
+
+    def stage(name, inp, cfg, out):
+        if is_artifact(out) and not rebuild:
+            art = Artifact.load(out)
+            if art.lineage.get("params", {}) == {**art.lineage.get("params", {}), **cfg}:
+                return art
+        t0 = time.perf_counter()
+        art = run_stage(name, inp, cfg, out, overwrite=True)
+        print(f"  built {out.name} in {time.perf_counter() - t0:.0f} s")
+        return art
+
+    onnx = stage("export", "builtin:minilm", {}, work / "onnx")
+    pruned = stage("prune", onnx, {}, work / "pruned")
+    fp32 = stage("optimize", pruned, {}, work / "fp32")
+    variants = {
+        "int8 per-tensor": stage("quantize", fp32, {"mode": "int8-dynamic", "per_channel": False},
+                                 work / "int8-tensor"),
+        "int8 per-channel": stage("quantize", fp32, {"mode": "int8-dynamic", "per_channel": True},
+                                  work / "int8-channel"),
+        "int8 accuracy-aware": stage("quantize", fp32, {"mode": "int8-dynamic", "per_channel": True,
+                                                        "accuracy_target": target, "accuracy_group": group},
+                                     work / "int8-accurate"),
+    }
+    return fp32, variants
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="cos_min=0.997", help="accuracy target of the search (on calibration "
+                        "text; a margin over the corpus goal of 0.995)")
+    parser.add_argument("--group", type=int, default=2, help="operators kept fp32 per search step")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=ROOT / "artifacts" / "bench-accuracy-aware")
+    parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--json", type=Path, default=RESULTS / "accuracy_aware.json")
+    args = parser.parse_args()
+
+
+    from bertopt.data import corpus, mixed_text
+    from bertopt.runtime import Predictor
+    from bertopt.validate.compare import cosine_rows
+    from bertopt.validate.reference import reference_predictor
+
+    print("building artifacts (reused when present)")
+    t0 = time.perf_counter()
+    fp32, variants = build(args.work, args.target, args.group, args.rebuild)
+    build_s = time.perf_counter() - t0
+    contenders = {"pytorch fp32": reference_predictor(fp32), "onnxruntime fp32 (fused)": Predictor(fp32)}
+    contenders.update({name: Predictor(art) for name, art in variants.items()})
+
+    texts = corpus()
+    reference = contenders["pytorch fp32"].encode(texts)
+    fidelity = {}
+    for name, p in contenders.items():
+        cos = cosine_rows(p.encode(texts), reference)
+        fidelity[name] = {"cos_mean": float(cos.mean()), "cos_min": float(cos.min())}
+
+    work = mixed_text()
+    for p in contenders.values():  # warm-up
+        p.run(work[:64], batch_size=32)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for r in range(args.rounds):
+        for name, p in contenders.items():
+            t = time.perf_counter()
+            p.run(work, batch_size=32)
+            times[name].append(time.perf_counter() - t)
+        print(f"  round {r + 1}/{args.rounds} done")
+    tput = {name: len(work) / statistics.median(ts) for name, ts in times.items()}
+
+    rows = []
+    for name in contenders:
+        art = variants.get(name)
+        rep = art.lineage["report"] if art is not None else {}
+        rows.append({"variant": name, **fidelity[name], "texts_per_s": tput[name],
+                     "speedup_vs_pytorch_fp32": tput[name] / tput["pytorch fp32"],
+                     "speedup_vs_ort_fp32": tput[name] / tput["onnxruntime fp32 (fused)"],
+                     "kept_fp32": len(rep.get("kept_fp32_nodes", [])) if art is not None else None,
+                     "kept_fp32_nodes": rep.get("kept_fp32_nodes") if art is not None else None})
+    by = {r["variant"]: r for r in rows}
+    aa, plain = by["int8 accuracy-aware"], by["int8 per-channel"]
+    kept_share = {k: aa[k] / plain[k] for k in ("speedup_vs_pytorch_fp32", "speedup_vs_ort_fp32")}
+    goal = {"cos_min_goal": 0.995, "cos_min": aa["cos_min"], "cos_min_met": aa["cos_min"] >= 0.995,
+            "speedup_share_goal": 0.8, "speedup_share_of_plain_int8": kept_share,
+            "speedup_share_met": kept_share["speedup_vs_pytorch_fp32"] >= 0.8}
+
+    head = (f"{'variant':26} {'cos mean':>9} {'cos min':>8} {'texts/s':>8} {'x PT fp32':>9} {'x ORT fp32':>10} "
+            f"{'kept fp32':>9}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        kept = "-" if r["kept_fp32"] is None else str(r["kept_fp32"])
+        print(f"{r['variant']:26} {r['cos_mean']:9.5f} {r['cos_min']:8.5f} {r['texts_per_s']:8.1f} "
+              f"{r['speedup_vs_pytorch_fp32']:9.2f} {r['speedup_vs_ort_fp32']:10.2f} {kept:>9}")
+    search = variants["int8 accuracy-aware"].lineage["report"]["accuracy_search"]
+    print(f"\naccuracy-aware: target {search['target']} on {search['measured_on']}; {search['evaluations']} "
+          f"evaluations in {search['search_s']} s; kept fp32: {', '.join(aa['kept_fp32_nodes']) or 'none'}")
+    print(f"goal: cos_min {aa['cos_min']:.5f} >= 0.995: {goal['cos_min_met']}; speedup kept vs plain int8 "
+          f"{kept_share['speedup_vs_pytorch_fp32']:.0%} (vs PyTorch fp32), "
+          f"{kept_share['speedup_vs_ort_fp32']:.0%} (vs ORT fp32) >= 80%: {goal['speedup_share_met']}")
+
+    result = {"benchmark": "accuracy_aware", "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+              "settings": {"target": args.target, "group": args.group, "rounds": args.rounds,
+                           "throughput_texts": len(work), "fidelity_texts": len(texts), "batch_size": 32},
+              "build_s": round(build_s, 1), "rows": rows, "goal": goal,
+              "search": {k: search[k] for k in ("target", "measured_on", "evaluations", "search_s", "steps",
+                                                "kept_fp32")},
+              "sensitivity": search["sensitivity"]}
+    from bertopt.validate.reports import machine_info, package_versions
+
+    result["machine"], result["versions"] = machine_info(), package_versions()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""``bertopt validate``: the release gate as a command. Flags come from ``VALIDATE_PARAMS`` (the same parameters
+a recipe's ``validate:`` section takes). Exit 0 when every check passes, 1 when any fails, 2 for usage errors."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+_OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
+
+_HELP_TEXT = """Gate an artifact for release: accuracy and latency against its reference, thresholds, CI reports.
+
+The reference is the original model recorded in the artifact's lineage, run in its own framework (PyTorch for
+Hugging Face models), unless --reference names another model or artifact. Data is the built-in corpus or a
+.txt (one input a line) / .jsonl / .csv / .parquet file (--data, --text-column, --text-pair-column,
+--label-column).
+
+Targets are absolute or relative to the reference, e.g.
+[bold]--targets cos_min=0.995,neighbour_agreement_at_10=0.9,speedup=1.2,latency_p99_ms@1x128<=20[/]
+(`=` means "at least" for similarities and speedups, "at most" for errors, latencies and *_degradation).
+
+Reports go to --report-dir: validation.json, junit.xml (one test case per check), summary.md and report.html
+with plots. Exit code: 0 all checks pass, 1 a check failed, 2 usage error."""
+# paragraphs as single lines: the terminal wraps them to its width
+HELP = "\n\n".join(" ".join(par.split("\n")) for par in _HELP_TEXT.split("\n\n"))
+
+
+def _validate_command():
+    from bertopt.validate.params import VALIDATE_PARAMS
+
+    def command(**kwargs: Any) -> None:
+        from bertopt.cli import console
+        from bertopt.validate.gate import validate_artifact
+
+        given = {k: v for k, v in kwargs.items() if k not in ("artifact", "report_dir") and v is not None}
+        artifact = Path(kwargs["artifact"])
+        report_dir = kwargs["report_dir"] or artifact.absolute().parent / f"{artifact.absolute().name}-validation"
+        validate_artifact(str(artifact), given, report_dir, raise_on_fail=True, console=console)
+
+    params = [
+        inspect.Parameter("artifact", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
+                          default=typer.Argument(..., help="Artifact folder to gate.", show_default=False)),
+        inspect.Parameter("report_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                          default=typer.Option(None, "--report-dir", "-r", help="Folder for the reports "
+                                               "(default: ARTIFACT-validation next to the artifact); a previous "
+                                               "report there is replaced.", show_default=False)),
+    ]
+    for p in VALIDATE_PARAMS:
+        help_text = p.help + (f" Choices: {', '.join(p.choices)}." if p.choices else "")
+        if p.type is bool:
+            option = typer.Option(None, f"{p.cli_flag}/--no-{p.cli_flag[2:]}", help=help_text +
+                                  f" (default: {'on' if p.default else 'off'})", show_default=False)
+            ann = Optional[bool]
+        else:
+            default = ",".join(p.default) if isinstance(p.default, list) else p.default
+            option = typer.Option(None, p.cli_flag, help=help_text + (f" (default: {default})" if default is not None
+                                                                       else ""), show_default=False)
+            ann = _OPTION_TYPES[p.type]
+        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=option))
+    command.__signature__ = inspect.Signature(params)
+    command.__name__ = "validate"
+    command.__doc__ = HELP
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate", help=HELP)(_validate_command())

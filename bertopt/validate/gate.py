@@ -1,0 +1,325 @@
+"""The release gate: run an artifact and its reference on the same data, measure accuracy (per output), the
+task metric when there are labels, latency over a grid, optionally the Spark path; check every threshold; write
+reports (JSON, JUnit XML, Markdown, HTML with plots); record the result in the manifest.
+
+A missed threshold is a failed check, never a warning: ``validate_artifact(..., raise_on_fail=True)`` raises
+``GateFailed`` (exit 1) after the reports are written. Usage problems (bad data file, unknown metric, a grid the
+model cannot run) are ``UserError`` (exit 2) raised before anything is run or written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertopt.errors import GateFailed, UserError
+
+PER_OUTPUT_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
+                      "neighbour_agreement_at_10", "top1_agreement")
+TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
+LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
+                   "latency_p99_ms")
+SPARK_METRICS = ("spark_max_abs_diff",)
+SPARK_TOLERANCE = 1e-5
+
+
+def _quantile_key(q: float) -> str:
+    return f"abs_err_p{int(q * 100)}"
+
+
+def _ints(values, flag: str) -> list[int]:
+    out = []
+    for v in values:
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise UserError(f"{flag} takes whole numbers like 1,32; got {v!r}") from None
+        if n < 1:
+            raise UserError(f"{flag} values must be at least 1, got {n}")
+        out.append(n)
+    if not out:
+        raise UserError(f"{flag} is empty; give at least one value like 1,32")
+    return out
+
+
+def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
+                         grid: set[str]) -> None:
+    """Every target must name something this run measures; say what to change when it does not."""
+    kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
+    qkey = _quantile_key(config["error_quantile"])
+    for t in targets:
+        metric = t.metric
+        output = primary
+        if "." in metric:
+            output, metric = metric.split(".", 1)
+            if output not in kinds:
+                raise UserError(f"target '{t.metric}' names output '{output}', which this artifact does not have "
+                                f"(outputs: {', '.join(kinds)})")
+        base, _, point = metric.partition("@")
+        if base in PER_OUTPUT_METRICS or base.startswith("abs_err_p"):
+            if base.startswith("abs_err_p") and base != qkey:
+                raise UserError(f"target '{t.metric}': this run measures {qkey}; pass --error-quantile "
+                                f"{int(base[len('abs_err_p'):]) / 100:g} to measure {base}")
+            if base == "neighbour_agreement_at_10" and kinds[output] != "embedding":
+                raise UserError(f"target '{t.metric}': neighbour agreement is measured for sentence embeddings; "
+                                f"output '{output}' is {kinds[output]}-level")
+            if base == "top1_agreement" and kinds[output] != "logits":
+                raise UserError(f"target '{t.metric}': top-1 agreement is measured for classifier logits; output "
+                                f"'{output}' is {kinds[output]}-level")
+            continue
+        if base in TASK_METRICS:
+            if not config["label_column"]:
+                raise UserError(f"target '{t.metric}' needs labels; give a data file with a label column and "
+                                "--label-column NAME")
+            continue
+        if base in LATENCY_METRICS:
+            if not config["latency"]:
+                raise UserError(f"target '{t.metric}' is a latency metric but latency is off; drop --no-latency")
+            if point and point not in grid:
+                raise UserError(f"target '{t.metric}': grid point {point} is not measured (grid: "
+                                f"{', '.join(sorted(grid))}); add it with --batch-sizes/--seq-lens")
+            continue
+        if base in SPARK_METRICS:
+            if not config["spark"]:
+                raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
+            continue
+        raise UserError(f"unknown metric '{t.metric}' in targets; known: "
+                        + ", ".join(PER_OUTPUT_METRICS + (qkey,) + TASK_METRICS + LATENCY_METRICS + SPARK_METRICS))
+
+
+def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:
+    id2label = {int(k): str(v) for k, v in (model_info.get("id2label") or {}).items()}
+    label2id = {v: k for k, v in id2label.items()}
+    out = []
+    for row, value in enumerate(labels, 1):
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value.strip())
+        if isinstance(value, str):
+            if value not in label2id:
+                known = ", ".join(label2id) or "none (the model records no label names; use class numbers)"
+                raise UserError(f"{source}: row {row} has label {value!r}, which the model does not know "
+                                f"(labels: {known}); use the model's label names or class numbers")
+            value = label2id[value]
+        if not isinstance(value, int) or not 0 <= value < num_classes:
+            raise UserError(f"{source}: row {row} has label {value!r}; labels must be class numbers 0.."
+                            f"{num_classes - 1} or the model's label names")
+        out.append(value)
+    return np.asarray(out, dtype=np.int64)
+
+
+def task_metrics(pred: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
+    accuracy = float(np.mean(pred == labels)) if len(labels) else 0.0
+    f1s = []
+    for c in range(num_classes):
+        tp = int(np.sum((pred == c) & (labels == c)))
+        fp = int(np.sum((pred == c) & (labels != c)))
+        fn = int(np.sum((pred != c) & (labels == c)))
+        if tp + fp + fn == 0:
+            continue  # a class neither predicted nor present does not count in the macro average
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": accuracy, "f1": float(np.mean(f1s)) if f1s else 0.0}
+
+
+def _prepare_report_dir(report_dir: Path) -> None:
+    if report_dir.exists():
+        if not report_dir.is_dir():
+            raise UserError(f"report folder {report_dir} is a file; choose another --report-dir")
+        if any(report_dir.iterdir()) and not (report_dir / "validation.json").exists():
+            raise UserError(f"report folder {report_dir} exists and holds something other than a bertopt report; "
+                            "choose another --report-dir")
+
+
+def _spark_check(artifact, data, config):
+    if importlib.util.find_spec("bertopt.spark") is None or importlib.util.find_spec("bertopt.spark.validate") is None:
+        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
+                        "does not have yet; run the gate without --spark")
+    from bertopt.spark.validate import spark_check
+
+    return spark_check(artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
+                       pairs=data.pairs)
+
+
+def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
+                      console=None) -> dict[str, Any]:
+    """Gate ``artifact`` against its reference with thresholds from ``config`` (``VALIDATE_PARAMS``)."""
+    from bertopt.artifact import Artifact
+    from bertopt.params import resolve_config
+    from bertopt.validate.data import load_texts
+    from bertopt.validate.params import VALIDATE_PARAMS
+    from bertopt.validate.targets import Target, parse_targets
+
+    t_start = time.perf_counter()
+    config = resolve_config(VALIDATE_PARAMS, config, "validate")
+    if not isinstance(artifact, Artifact):
+        artifact = Artifact.load(artifact)
+    report_dir = Path(report_dir).absolute()
+    _prepare_report_dir(report_dir)
+
+    # -- everything a user can get wrong is checked before any model runs --------------------------------
+    targets = parse_targets(config["targets"])
+    batch_sizes = _ints(config["batch_sizes"], "--batch-sizes")
+    seq_lens = _ints(config["seq_lens"], "--seq-lens")
+    grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
+    outputs = artifact.outputs
+    primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
+    check_target_metrics(targets, outputs, primary, config, grid)
+    data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
+    data = data.head(config["max_texts"])
+    if config["spark"] and importlib.util.find_spec("bertopt.spark.validate") is None:
+        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
+                        "does not have yet; run the gate without --spark")
+    kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
+    labels = None
+    if config["label_column"]:
+        logits = [o for o in outputs if o.get("kind") == "logits"]
+        if not logits:
+            raise UserError(f"--label-column needs a classifier (an output of kind logits); {artifact.path} has "
+                            f"{', '.join(f'{k} ({v})' for k, v in kinds.items())}")
+        num_classes = int(logits[0]["shape"][-1])
+        labels = _label_indices(data.labels, artifact.model_info, num_classes, data.source)
+
+    status = console.status("[bold]validate[/] loading models ...") if console is not None else nullcontext()
+    with status as live:
+        def progress(text: str) -> None:
+            if live is not None:
+                live.update(f"[bold]validate[/] {text}")
+
+        from bertopt.runtime import Predictor
+        from bertopt.validate.compare import _flatten, compare_runs, cosine_rows
+        from bertopt.validate.reference import reference_predictor
+
+        art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
+                        batch_size=config["batch_size"], verify=False)
+        ref = reference_predictor(artifact, config["reference"], threads=config["threads"],
+                                  batch_size=config["batch_size"])
+        longest = min(art.max_seq_len, ref.max_seq_len)
+        if config["latency"] and max(seq_lens) > longest:
+            raise UserError(f"latency sequence length {max(seq_lens)} exceeds the model's maximum of {longest} "
+                            f"tokens; use --seq-lens with values up to {longest}")
+        names = [n for n in art.output_names if n in ref.output_names]
+        if not names:
+            raise UserError(f"the reference has none of the artifact's outputs ({', '.join(art.output_names)}); "
+                            "name a matching reference with --reference")
+        progress(f"accuracy: artifact on {len(data)} texts")
+        got = art.run(data.texts, data.pairs, outputs=names)
+        progress(f"accuracy: reference ({ref.session.backend}) on {len(data)} texts")
+        want = ref.run(data.texts, data.pairs, outputs=names)
+        accuracy = compare_runs(got, want, kinds, atol=config["atol"], rtol=config["rtol"],
+                                quantile=config["error_quantile"])
+        distributions = {}
+        for name in names:
+            g, r = _flatten(got[name]).astype(np.float64), _flatten(want[name]).astype(np.float64)
+            err = np.abs(g - r).ravel()
+            if err.size > 200_000:
+                err = np.random.default_rng(0).choice(err, 200_000, replace=False)
+            dist = {"abs_err": err}
+            if kinds.get(name) != "token" and g.ndim == 2 and len(g):
+                dist["cosine"] = cosine_rows(g, r)
+            distributions[name] = dist
+
+        task = None
+        if labels is not None:
+            logit_name = next(o["name"] for o in outputs if o.get("kind") == "logits")
+            num_classes = int(np.asarray(got[logit_name]).shape[-1])
+            mine = task_metrics(np.asarray(got[logit_name]).argmax(1), labels, num_classes)
+            theirs = task_metrics(np.asarray(want[logit_name]).argmax(1), labels, num_classes)
+            task = {"output": logit_name, "labels": len(labels), "artifact": mine, "reference": theirs,
+                    "accuracy_degradation": theirs["accuracy"] - mine["accuracy"],
+                    "f1_degradation": theirs["f1"] - mine["f1"]}
+
+        latency = None
+        if config["latency"]:
+            from bertopt.validate.latency import measure_grid, summarize
+
+            points = measure_grid({"artifact": art, "reference": ref}, data.texts, batch_sizes, seq_lens,
+                                  warmup=config["warmup"], repeats=config["repeats"], progress=progress)
+            latency = {"grid": points, "metrics": summarize(points), "warmup": config["warmup"],
+                       "repeats": config["repeats"]}
+
+        spark = None
+        if config["spark"]:
+            progress(f"spark ({config['master']})")
+            spark = _spark_check(artifact, data, config)
+
+    # -- metrics and checks ---------------------------------------------------------------------------------
+    metrics: dict[str, float] = {}
+    for name, stats in accuracy.items():
+        for key, value in stats.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("atol", "rtol"):
+                metrics[f"{name}.{key}"] = float(value)
+                if name == primary:
+                    metrics[key] = float(value)
+    if task:
+        metrics.update({"accuracy": task["artifact"]["accuracy"], "f1": task["artifact"]["f1"],
+                        "reference_accuracy": task["reference"]["accuracy"], "reference_f1": task["reference"]["f1"],
+                        "accuracy_degradation": task["accuracy_degradation"],
+                        "f1_degradation": task["f1_degradation"]})
+    if latency:
+        metrics.update(latency["metrics"])
+    if spark:
+        metrics["spark_max_abs_diff"] = float(spark["max_abs_diff"])
+
+    checks = []
+    for name in names:
+        checks.append(_check(f"{name}: no NaN/Inf", Target(f"{name}.nan_or_inf", "<=", 0), metrics))
+    for t in targets:
+        checks.append(_check(str(t), t, metrics))
+    if spark:
+        checks.append(_check("spark_matches_runtime", Target("spark_max_abs_diff", "<=", SPARK_TOLERANCE), metrics))
+    passed = all(c["passed"] for c in checks)
+
+    from bertopt.validate.reports import machine_info, package_versions, print_summary, write_reports
+
+    result: dict[str, Any] = {
+        "passed": passed,
+        "report_dir": str(report_dir),
+        "checks": checks,
+        "artifact": {**art.describe(), "path": str(artifact.path), "model_format": artifact.model_format,
+                     "size_bytes": artifact.size_bytes(), "stages": [h.get("stage") for h in artifact.history()]},
+        "reference": {**ref.describe(), "framework": ref.session.backend, "spec": config["reference"] or "lineage",
+                      "model": str(getattr(ref.artifact, "path", ""))},
+        "data": data.describe(),
+        "primary_output": primary,
+        "accuracy": accuracy,
+        "task": task,
+        "latency": latency,
+        "spark": spark,
+        "metrics": metrics,
+        "config": config,
+        "versions": package_versions(),
+        "machine": machine_info(),
+        "wall_time_s": round(time.perf_counter() - t_start, 2),
+    }
+    write_reports(result, distributions, report_dir)
+    if console is not None:
+        print_summary(result, console)
+    summary = {k: result[k] for k in ("passed", "report_dir", "checks", "metrics", "data", "primary_output",
+                                      "wall_time_s")}
+    summary["reference"] = {k: result["reference"][k] for k in ("framework", "spec", "model")}
+    artifact.record_validation("gate", summary)
+    if not passed and raise_on_fail:
+        failed = [c["name"] for c in checks if not c["passed"]]
+        raise GateFailed(f"{len(failed)} of {len(checks)} checks failed ({'; '.join(failed)}); reports in "
+                         f"{report_dir}")
+    return result
+
+
+def _check(name: str, target, metrics: dict[str, float]) -> dict[str, Any]:
+    measured = metrics.get(target.metric)
+    ok = measured is not None and bool(np.isfinite(measured)) and target.holds(measured)
+    if measured is None:
+        message = f"{target.metric} was not measured"
+    else:
+        message = f"measured {measured:.6g}, needs {target.op} {target.value:.10g}"
+    return {"name": name, "metric": target.metric, "op": target.op, "threshold": target.value,
+            "measured": measured, "passed": ok, "message": message}
+
