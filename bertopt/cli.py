@@ -187,6 +187,7 @@ for _module in _COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turns UserError into one line + exit 2 and GateFailed into exit 1."""
+    _quiet_third_party_output()
     abort, exit_, click_error = _click_exception_types()
     command = typer.main.get_command(app)
     try:
@@ -206,6 +207,20 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(2)
     sys.exit(0)
+
+
+def _quiet_third_party_output() -> None:
+    """Libraries' advisories (tracer warnings, quantiser hints on the root logger) are not the user's concern;
+    commands that log (serve, kafka) configure their own handlers and levels."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean")
+    warnings.filterwarnings("ignore", message="Exporting aten::index operator")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if not logging.getLogger().handlers:
+        logging.getLogger().setLevel(logging.ERROR)
 
 
 def _click_exception_types():

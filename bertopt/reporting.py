@@ -6,7 +6,8 @@ from __future__ import annotations
 def print_recipe_summary(result, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"recipe {result.recipe.name}", title_justify="left")
+    folder = result.final.path.parent
+    table = Table(title=f"recipe {result.recipe.name} (artifacts in {folder})", title_justify="left")
     for col in ("stage", "artifact", "precision", "size MB", "nodes", "time s", "notes"):
         table.add_column(col)
     for art in result.artifacts:
@@ -20,7 +21,7 @@ def print_recipe_summary(result, console) -> None:
             notes = f"max|diff| vs PyTorch {rep['max_abs_diff_vs_pytorch']:.2g}"
         elif rep.get("kept_fp32_nodes"):
             notes = f"{len(rep['kept_fp32_nodes'])} nodes kept fp32"
-        table.add_row(lin.get("stage", ""), str(art.path), art.precision, f"{art.size_bytes() / 1e6:.1f}",
+        table.add_row(lin.get("stage", ""), art.path.name, art.precision, f"{art.size_bytes() / 1e6:.1f}",
                       str(nodes), f"{lin.get('wall_time_s', 0):.1f}", notes)
     console.print(table)
     cmp = result.comparison

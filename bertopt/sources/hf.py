@@ -96,6 +96,9 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     torch = require("torch", "torch", "Hugging Face models")
     transformers = require("transformers", "torch", "Hugging Face models")
     cls = transformers.AutoModelForSequenceClassification if info["task"] == "classifier" else transformers.AutoModel
+    # bertopt shows its own progress; transformers' per-load bars and advisories only add noise
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
     try:
         # eager attention exports to the graph ONNX Runtime's BERT fusions recognise (SDPA does not fuse)
         model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32)
