@@ -41,6 +41,7 @@ _EXPORTERS = {
     ("hf", "onnx"): "bertopt.stages.export:export_hf_to_onnx",
     ("onnx", "onnx"): "bertopt.stages.export:import_onnx",
     ("hf", "tf-savedmodel"): "bertopt.tf.keras_bert:export_hf_to_savedmodel",
+    ("tf-checkpoint", "tf-savedmodel"): "bertopt.tf.keras_bert:export_checkpoint_to_savedmodel",
     ("tf-graphdef", "onnx"): "bertopt.tf.to_onnx:export_graphdef_to_onnx",
     ("tf-savedmodel", "onnx"): "bertopt.tf.to_onnx:export_graphdef_to_onnx",
 }

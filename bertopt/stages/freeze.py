@@ -1,6 +1,10 @@
 """freeze: TensorFlow SavedModel / .keras / Google BERT checkpoint -> frozen GraphDef artifact.
 
 Variables become constants (``convert_variables_to_constants_v2``); the work lives in ``bertopt.tf.freeze``.
+A Google checkpoint is first rebuilt in bertopt's Keras BERT (every variable loaded by name).
+
+    bertopt freeze my_savedmodel/ --out art/frozen
+    bertopt freeze uncased_L-12_H-768_A-12/ --out art/frozen --pooling mean
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ PARAMS = [
     Param("signature", str, "serving_default", "SavedModel signature to freeze."),
     Param("max_seq_len", int, None, "Default max tokens per text recorded for the runtime."),
     Param("check_tolerance", float, 1e-6, "Max abs difference allowed between frozen graph and the source model."),
+    Param("pooling", str, "mean", "Google checkpoint only: sentence pooling added after the encoder "
+          "(bert-as-service's default is mean).", choices=("mean", "cls", "max", "none")),
 ]
 
 

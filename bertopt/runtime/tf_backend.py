@@ -1,0 +1,18 @@
+"""The ``tensorflow`` runtime backend: tf-savedmodel and tf-graphdef artifacts run in TensorFlow through the
+same Predictor (tokenisation, bucketing, validation) as ONNX artifacts. TensorFlow is imported on first use."""
+
+from __future__ import annotations
+
+from bertopt.errors import UserError, require
+from bertopt.runtime.backends import register_backend
+
+
+@register_backend("tensorflow")
+def open_tensorflow_session(artifact, provider: str = "auto", threads: int | None = None):
+    if provider not in ("auto", "cpu"):
+        raise UserError(f"the TensorFlow runtime in bertopt runs on CPU; provider '{provider}' is not available "
+                        "(use --provider cpu, or export the graph to ONNX for CUDA/TensorRT)")
+    require("tensorflow", "tf", "running TensorFlow artifacts")
+    from bertopt.tf.graph import session_for_artifact
+
+    return session_for_artifact(artifact, threads=threads)

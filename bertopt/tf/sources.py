@@ -1,0 +1,182 @@
+"""TensorFlow model sources opened as one thing: a concrete function taking named int tensors and returning
+a dict of named float outputs, plus what the manifest needs (inputs with roles, outputs, model info,
+tokenizer folder). Used by ``freeze`` (which folds it into a GraphDef) and by the TF reference (which runs it).
+
+* SavedModel (any encoder with a serving signature of BERT inputs), or a bertopt tf-savedmodel artifact
+* ``.keras`` file (loaded with ``safe_mode=True``: no lambda deserialisation, nothing unpickled)
+* Google BERT checkpoint folder, rebuilt in bertopt's Keras BERT with every variable loaded by name
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from bertopt.errors import UserError
+from bertopt.tf.graph import _ROLE_BY_NAME, describe_signature, output_spec, signature_of
+
+
+@dataclass
+class TFModel:
+    function: Any  # concrete function: kwargs of named tensors -> dict of outputs
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    model_info: dict[str, Any]
+    tokenizer_dir: Path | None
+    description: str
+    report: dict[str, Any] = field(default_factory=dict)
+    keep_alive: Any = None  # the SavedModel/Keras object the function's variables belong to
+
+
+def open_tf_model(input, *, signature: str = "serving_default", pooling: str | None = "mean",
+                  max_seq_len: int | None = None) -> TFModel:
+    from bertopt.artifact import Artifact
+
+    if isinstance(input, Artifact):
+        model = _open_savedmodel(input.model_path, signature, str(input.path))
+        model.model_info = dict(input.model_info)
+        model.tokenizer_dir = input.tokenizer_path
+        _check_matches_manifest(model, input)
+        return model
+    if input.kind == "tf-savedmodel":
+        model = _open_savedmodel(input.path, signature, str(input.path))
+    elif input.kind == "keras":
+        model = _open_keras(input.path)
+    elif input.kind == "tf-checkpoint":
+        model = _open_checkpoint(input.path, pooling)
+    else:
+        raise UserError(f"{input.path} is a {input.kind} model, not a TensorFlow one")
+    if max_seq_len:
+        model.model_info["max_seq_len"] = max_seq_len
+    return model
+
+
+def _check_matches_manifest(model: TFModel, art) -> None:
+    declared = {o["name"] for o in art.outputs}
+    have = {o["name"] for o in model.outputs}
+    if not declared <= have:
+        raise UserError(f"{art.path}: the SavedModel lacks outputs {sorted(declared - have)} its manifest "
+                        "declares; re-create the artifact")
+
+
+def _open_savedmodel(path: Path, signature: str, where: str) -> TFModel:
+    if not (Path(path) / "saved_model.pb").exists():
+        raise UserError(f"{path} has no saved_model.pb; give a SavedModel folder")
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except (tf.errors.OpError, ValueError, OSError) as exc:
+        raise UserError(f"TensorFlow cannot load the SavedModel {path}: {str(exc).splitlines()[0]}") from None
+    fn = signature_of(loaded, signature, where)
+    inputs, outputs = describe_signature(fn, where)
+    folder = Path(path)
+    return TFModel(fn, inputs, outputs, infer_model_info(folder, outputs), find_tokenizer_dir(folder),
+                   f"SavedModel {path} ({signature})", keep_alive=loaded)
+
+
+def _open_keras(path: Path) -> TFModel:
+    import keras
+
+    import bertopt.tf._layers  # noqa: F401  registers bertopt's layers so their .keras files load
+
+    try:
+        model = keras.saving.load_model(str(path), safe_mode=True, compile=False)
+    except (ValueError, TypeError, OSError, KeyError) as exc:
+        raise UserError(f"Keras cannot load {path}: {str(exc).splitlines()[0]}") from None
+    names = [t.name for t in model.inputs]
+    for n in names:
+        if n not in _ROLE_BY_NAME:
+            raise UserError(f"{path}: Keras input '{n}' is not a BERT input (name the inputs input_ids, "
+                            "attention_mask/input_mask, token_type_ids/segment_ids)")
+    dtypes = {t.name: tf.as_dtype(t.dtype) for t in model.inputs}
+    spec = {n: tf.TensorSpec([None, None], dtypes[n], name=n) for n in names}
+
+    @tf.function(input_signature=[spec])
+    def serve(inputs):
+        out = model(inputs, training=False)
+        if isinstance(out, dict):
+            return dict(out)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        default = ["last_hidden_state", "sentence_embedding"]
+        labels = list(getattr(model, "output_names", None) or [])
+        if len(labels) != len(outs):
+            labels = [default[int(len(o.shape) == 2)] for o in outs]
+        return dict(zip(labels, outs))
+
+    concrete = serve.get_concrete_function()
+    inputs = [{"name": n, "role": _ROLE_BY_NAME[n], "dtype": dtypes[n].name, "shape": ["batch", "sequence"]}
+              for n in names]
+    outputs = [output_spec(k, v.shape, v.dtype, str(path)) for k, v in sorted(concrete.structured_outputs.items())]
+    info = infer_model_info(path.parent, outputs)
+    from bertopt.tf._layers import BertEncoder
+
+    for layer in model.layers:
+        if isinstance(layer, BertEncoder):  # a bertopt Keras BERT knows its own architecture
+            cfg = layer.get_config()
+            info.update({k: cfg[k] for k in ("num_attention_heads", "num_hidden_layers", "hidden_size",
+                                             "max_position_embeddings", "vocab_size", "intermediate_size")})
+            info.update({"pooling": cfg["pooling"], "normalize": cfg["normalize"]})
+    return TFModel(_KwargsAdapter(concrete, names), inputs, outputs, info, find_tokenizer_dir(path.parent),
+                   f"Keras model {path}", keep_alive=model)
+
+
+class _KwargsAdapter:
+    """Call a dict-input concrete function with keyword tensors, like a SavedModel signature."""
+
+    def __init__(self, concrete, names):
+        self.concrete = concrete
+        self.names = names
+        self.structured_outputs = concrete.structured_outputs
+
+    def __call__(self, **tensors):
+        return self.concrete(tensors)
+
+
+def _open_checkpoint(folder: Path, pooling: str | None) -> TFModel:
+    from bertopt.tf._layers import ServingModule
+    from bertopt.tf.keras_bert import encoder_from_checkpoint, encoder_output_specs, input_specs, model_info_from_arch
+
+    encoder, arch, report = encoder_from_checkpoint(folder, pooling, normalize=False)
+    module = ServingModule(encoder, "input_mask", tf.int32)
+    fn = module.serve.get_concrete_function()
+    info = model_info_from_arch(arch, pooling, False, "encoder", None)
+    return TFModel(fn, input_specs("input_mask", "int32"), encoder_output_specs(arch["hidden_size"], pooling, False),
+                   info, find_tokenizer_dir(folder), f"Google BERT checkpoint {folder}", report=report,
+                   keep_alive=module)
+
+
+def infer_model_info(folder: Path, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What can be known about a foreign model: a bert_config.json / config.json next to it, else its outputs."""
+    cfg: dict[str, Any] = {}
+    for name in ("bert_config.json", "config.json"):
+        for where in (folder, folder / "assets"):
+            if (where / name).is_file():
+                try:
+                    cfg = json.loads((where / name).read_text())
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{where / name} is not valid JSON ({exc})") from None
+                break
+        if cfg:
+            break
+    hidden = next((o["shape"][-1] for o in outputs if isinstance(o["shape"][-1], int)), None)
+    embedding = [o for o in outputs if o["kind"] == "embedding"]
+    token = [o for o in outputs if o["kind"] == "token"]
+    primary = (embedding or outputs)[-1]["name"] if (embedding or outputs) else None
+    if not embedding and token:
+        primary = token[0]["name"]
+    max_pos = int(cfg.get("max_position_embeddings", 512))
+    return {"model_type": cfg.get("model_type", "bert"), "hidden_size": cfg.get("hidden_size", hidden),
+            "num_attention_heads": cfg.get("num_attention_heads"), "num_hidden_layers": cfg.get("num_hidden_layers"),
+            "max_position_embeddings": max_pos, "max_seq_len": min(512, max_pos),
+            "task": "sentence-embedding" if embedding else "encoder", "pooling": None, "normalize": False,
+            "primary_output": primary}
+
+
+def find_tokenizer_dir(folder: Path) -> Path | None:
+    for where in (folder, folder / "assets"):
+        if (where / "tokenizer.json").is_file() or (where / "vocab.txt").is_file():
+            return where
+    return None

@@ -1,0 +1,119 @@
+"""Bad TensorFlow inputs: one clear line, exit 2, nothing half-written; and the TF recipes end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tf
+
+
+def _nothing_written(out: Path) -> None:
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+def test_savedmodel_without_signature(tmp_path, cli):
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    tf.saved_model.save(module, str(tmp_path / "nosig"))
+    code, _, err = cli("freeze", tmp_path / "nosig", "--out", tmp_path / "out")
+    assert code == 2 and "has no serving signature" in err and "signatures=" in err
+    _nothing_written(tmp_path / "out")
+
+
+def test_unknown_signature_lists_the_known_ones(tiny_tf_savedmodel, tmp_path, cli):
+    code, _, err = cli("freeze", tiny_tf_savedmodel.model_path, "--signature", "predict", "--out", tmp_path / "o")
+    assert code == 2 and "no signature 'predict'" in err and "serving_default" in err
+    _nothing_written(tmp_path / "o")
+
+
+def test_checkpoint_missing_variable(google_weights, tmp_path, cli):
+    from tf_conftest_helpers import GOOGLE_CONFIG, write_google_checkpoint
+
+    weights = dict(google_weights)
+    del weights["bert/encoder/layer_1/attention/self/key/kernel"]
+    ckpt = write_google_checkpoint(tmp_path / "ckpt", weights, GOOGLE_CONFIG)
+    code, _, err = cli("freeze", ckpt, "--out", tmp_path / "out")
+    assert code == 2 and "'bert/encoder/layer_1/attention/self/key/kernel' is missing" in err
+    _nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 1}, "'bert/encoder/layer_1/attention/output/LayerNorm/beta' is not used"),
+    ({"num_hidden_layers": 3}, "'bert/encoder/layer_2/attention/output/LayerNorm/beta' is missing"),
+    ({"intermediate_size": 128}, "'bert/encoder/layer_0/intermediate/dense/kernel' has shape [32, 64] but the "
+                                 "config implies [32, 128]"),
+])
+def test_config_does_not_match_checkpoint(google_weights, tmp_path, cli, change, message):
+    from tf_conftest_helpers import GOOGLE_CONFIG, write_google_checkpoint
+
+    ckpt = write_google_checkpoint(tmp_path / "ckpt", google_weights, {**GOOGLE_CONFIG, **change})
+    code, _, err = cli("freeze", ckpt, "--out", tmp_path / "out")
+    assert code == 2 and message in err.replace("\n", "")
+    _nothing_written(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def unfrozen_graph_artifact(tiny_frozen, tmp_path_factory):
+    """An artifact whose GraphDef still reads variables (a tf.function's graph, not frozen)."""
+    import tensorflow as tf
+
+    from bertopt.artifact import ArtifactWriter
+    from bertopt.tf.graph import save_graph_def
+
+    w_var = tf.Variable(tf.ones([4, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64, name="input_ids")])
+    def f(input_ids):
+        return tf.matmul(tf.cast(input_ids, tf.float32), w_var)
+
+    graph_def = f.get_concrete_function().graph.as_graph_def()
+    with ArtifactWriter(tmp_path_factory.mktemp("unfrozen") / "art", stage="freeze", parent=tiny_frozen) as w:
+        w.copy_tokenizer(tiny_frozen)
+        save_graph_def(graph_def, w.dir / "model.pb")
+        w.set_model("model.pb", "tf-graphdef", tiny_frozen.inputs, tiny_frozen.outputs, "fp32")
+    return w.artifact
+
+
+@pytest.mark.parametrize("stage, extra", [("prune", []), ("quantize", ["--mode", "fp16"]),
+                                          ("export", ["--to", "onnx"])])
+def test_graph_that_is_not_frozen(unfrozen_graph_artifact, tmp_path, cli, stage, extra):
+    code, _, err = cli(stage, unfrozen_graph_artifact.path, *extra, "--out", tmp_path / "out")
+    assert code == 2 and "is not a frozen graph" in err and "bertopt freeze" in err
+    _nothing_written(tmp_path / "out")
+
+
+def test_freeze_refuses_a_pytorch_model(tiny_hf, tmp_path, cli):
+    code, _, err = cli("freeze", tiny_hf, "--out", tmp_path / "out")
+    assert code == 2 and "use 'bertopt export'" in err
+    _nothing_written(tmp_path / "out")
+
+
+def test_export_hf_to_savedmodel_cli(tiny_hf, tmp_path, cli):
+    code, out, err = cli("export", tiny_hf, "--to", "tf-savedmodel", "--out", tmp_path / "sm")
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "sm" / "bertopt.json").read_text())
+    assert manifest["model_format"] == "tf-savedmodel" and manifest["runtime"] == "tensorflow"
+    assert manifest["lineage"]["report"]["max_abs_diff_vs_pytorch"] <= 1e-4
+    assert "max abs diff vs pytorch" in out
+
+
+def test_google_checkpoint_recipe_end_to_end(tiny_ckpt, tmp_path, cli, monkeypatch):
+    """bertopt run recipes/google-ckpt-fp16.yaml --model CKPT: freeze -> prune -> fp16 -> ONNX, compared with
+    the checkpoint run in TensorFlow."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "google-ckpt-fp16.yaml"
+    code, out, err = cli("run", recipe, "--model", tiny_ckpt, "--out", tmp_path / "runs")
+    assert code == 0, err + out
+    final = tmp_path / "runs" / "google-ckpt-fp16" / "04-export"
+    manifest = json.loads((final / "bertopt.json").read_text())
+    assert manifest["model_format"] == "onnx" and manifest["precision"] == "fp16"
+    cmp = manifest["validation"]["run"]
+    assert cmp["reference"]["framework"] == "tensorflow"
+    assert cmp["accuracy"]["sentence_embedding"]["nan_or_inf"] == 0
+    assert cmp["accuracy"]["sentence_embedding"]["cos_min"] > 0.999
+    assert [h["stage"] for h in manifest["history"]] == ["freeze", "prune", "quantize"]
