@@ -31,6 +31,11 @@ def build_tiny_hf_bert(path: Path, *, sentence_transformers: bool = False, class
     model = (BertForSequenceClassification if classifier else BertModel)(config).eval()
     model.save_pretrained(path)
     BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(path)
+    # transformers 5 writes a tokenizer.json whose WordPiece vocabulary is empty (every word -> [UNK]);
+    # write one built from vocab.txt so the tiny model sees real tokens
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    BertWordPieceTokenizer(str(vocab_file), lowercase=True)._tokenizer.save(str(path / "tokenizer.json"))
     if sentence_transformers:
         import json
 

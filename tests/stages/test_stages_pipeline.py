@@ -142,3 +142,9 @@ def test_stage_params_are_checked(tiny_onnx, tmp_path):
     with pytest.raises(UserError, match="unknown stage 'distill'"):
         run_stage("distill", tiny_onnx, {}, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_tiny_fixture_tokenizer_sees_real_words(tiny_onnx):
+    pred = Predictor(tiny_onnx)
+    tokens = pred.tokenizer.encode("hello world the cat").tokens
+    assert tokens == ["[CLS]", "hello", "world", "the", "cat", "[SEP]"]
