@@ -204,11 +204,13 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
         op_types = [t for t in op_types if t != "Attention"]  # fused Attention has no QDQ kernel
     user_excluded = list(config["exclude_nodes"])
     from bertopt.stages.quantize import _ensure_node_names
+    from bertopt.stages.quantize_int8 import prepare_outliers
 
     _ensure_node_names(model.graph)  # exclusion works by node name
+    model, fp32_added, outliers = prepare_outliers(art, model, config)
     static = config["mode"] == "int8-static"
     candidates = [(n, op) for n, op in quantizable_nodes(model, op_types, weights_only=not static)
-                  if n not in user_excluded]
+                  if n not in user_excluded and n not in fp32_added]
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
                         "check --op-types")
@@ -222,7 +224,7 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
             cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate
 
             def build(kept: list[str], path: Path) -> None:
-                quantize_model_file(src, path, config, user_excluded + kept, texts, predictor,
+                quantize_model_file(src, path, config, user_excluded + fp32_added + kept, texts, predictor,
                                     calibration_cache=cache)
 
             evaluator = _Evaluator(art, texts)
@@ -237,6 +239,8 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
                          "kept_fp32_nodes": user_excluded + result["kept"],
                          "accuracy_search": _search_report(config, targets, texts, result, evaluator),
                          "accuracy_vs_parent": stats})
+        if outliers is not None:
+            w.report["outliers"] = outliers
     return w.artifact
 
 

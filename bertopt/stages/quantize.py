@@ -44,6 +44,18 @@ PARAMS = [
     Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
           "fp32 per search step (smaller: fewer kept, more steps).", check=lambda v: None if v >= 1
           else "must be at least 1"),
+    Param("smooth_alpha", float, None, "int8: SmoothQuant-style smoothing strength (0-1, e.g. 0.5): activation "
+          "outlier channels measured on the calibration text are divided out and folded into the weight rows "
+          "before quantising (same function in fp32). Default: off.",
+          check=lambda v: None if 0.0 <= v <= 1.0 else "must be between 0 and 1"),
+    Param("smooth_roles", list, ["attention", "ffn-in"], "int8 with --smooth-alpha: which operators to smooth: "
+          "attention (fused QKV), ffn-in, ffn-out (the GELU-fed down-projection), other (unfused QKV, "
+          "attention output)."),
+    Param("first_token_fp32", bool, False, "int8: compute the first token ([CLS], whose activations dwarf the "
+          "others') of the FFN MatMuls in fp32, so the int8 activation range fits the ordinary tokens."),
+    Param("per_token", bool, False, "int8-dynamic: per-token activation scaling for weight MatMuls (each row divided "
+          "by its max before the int8 MatMul and multiplied back), so one outlier token in a batch does not "
+          "coarsen every other text's; costs a few elementwise ops per MatMul."),
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),

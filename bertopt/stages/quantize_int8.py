@@ -97,6 +97,18 @@ def load_calibration_texts(config) -> list[str]:
     return texts
 
 
+def prepare_outliers(art, model, config):
+    """The configured outlier transforms (bertopt.stages.smoothing) on ``model``: returns (model, fp32 nodes added
+    that must stay fp32, report section or None)."""
+    from bertopt.stages.smoothing import outlier_transforms_wanted, prepare_for_int8
+
+    if not outlier_transforms_wanted(config):
+        return model, [], None
+    if config["per_token"] and config["mode"] != "int8-dynamic":
+        raise UserError("--per-token applies to --mode int8-dynamic only; drop it for static int8")
+    return prepare_for_int8(art, model, config, load_calibration_texts(config))
+
+
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
@@ -112,6 +124,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         return search_int8_fallback(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)
     before = graph_stats(model)
+    model, fp32_added, outliers = prepare_outliers(art, model, config)
     calib = None
     predictor = None
     op_types = list(config["op_types"])
@@ -119,7 +132,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         calib = load_calibration_texts(config)
         predictor = Predictor(art, provider="cpu", verify=False)
         op_types = [t for t in op_types if t != "Attention"]
-    candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")]
+    candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")
+                  if n not in fp32_added]
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
                         "check --op-types")
@@ -128,7 +142,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         with tempfile.TemporaryDirectory(prefix="bertopt-q-") as tmp:
             src = Path(tmp) / "in.onnx"
             save_onnx(model, src)
-            quantize_model_file(src, w.dir / "model.onnx", config, config["exclude_nodes"], calib, predictor)
+            quantize_model_file(src, w.dir / "model.onnx", config, list(config["exclude_nodes"]) + fp32_added, calib,
+                                predictor)
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus())
@@ -137,6 +152,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
                          "quantized_nodes": len(candidates) - len(excluded),
                          "kept_fp32_nodes": list(config["exclude_nodes"]),
                          "accuracy_vs_parent": stats})
+        if outliers is not None:
+            w.report["outliers"] = outliers
         if config["mode"] == "int8-static":
             w.report["calibration"] = {"method": config["calibration_method"], "texts": len(calib),
                                        "source": config["calibration_data"] or "builtin calibration text"}
