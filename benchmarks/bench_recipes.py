@@ -1,0 +1,79 @@
+"""The default recipes against the original model, in one run.
+
+PyTorch fp32 (the original model) and the final artifact of each default recipe, measured side by side and
+interleaved through the Predictor: throughput at batch 32 / seq 128, on mixed-length text (length-bucketed),
+batch-1 latency p50/p99, and cosine vs the original. Prints ratios to PyTorch fp32; writes JSON under
+benchmarks/results/.
+
+    .venv/bin/python benchmarks/bench_recipes.py            # or: make bench
+    .venv/bin/python benchmarks/bench_recipes.py --rounds 3 --recipes minilm-int8-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    ROOT,
+    add_common_args,
+    build_recipe,
+    output_path,
+    progress_printer,
+    settings_from,
+)
+
+DEFAULT_RECIPES = ["minilm-int8-cpu", "minilm-fp16", "minilm-fp32-optimized"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="Recipes to build and measure.")
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+
+    from bertopt.bench import (
+        Contender,
+        add_ratios,
+        machine_info,
+        measure,
+        reference_contender,
+        results_table,
+        write_json,
+    )
+    from bertopt.runtime import Predictor
+
+    console = Console(width=200)
+    say = progress_printer()
+    settings = settings_from(args)
+    contenders = []
+    for recipe in args.recipes:
+        art, rec = build_recipe(ROOT / "recipes" / f"{recipe}.yaml" if "/" not in recipe else recipe,
+                                args.model, args.out, args.rebuild, say)
+        pred = Predictor(art, provider="cpu", threads=args.threads, batch_size=args.batch_size)
+        contenders.append(Contender(rec.name, pred, {"artifact": str(art.path), "precision": art.precision,
+                                                     **pred.describe()}))
+    reference = reference_contender(contenders[0].predictor.artifact, threads=args.threads,
+                                    batch_size=args.batch_size)
+    contenders.insert(0, reference)
+    machine = machine_info()
+    say(f"load average before: {machine.get('load_average')}")
+    results = measure(contenders, settings, reference=reference, progress=say)
+    add_ratios(results, reference.name, "pt-fp32")
+    console.print(results_table(results, settings, f"default recipes vs PyTorch fp32 ({args.model})", ["pt-fp32"]))
+    path = output_path(args, "bench_recipes")
+    write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
+                      "machine": machine | {"load_average_after": machine_info().get("load_average")},
+                      "results": results})
+    console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Shared by the benchmark scripts: building recipe artifacts (reused when already built), the machine's peak
+arithmetic rate, printing the table and writing JSON under benchmarks/results/.
+
+Timing itself lives in ``bertopt.bench`` (the same code ``bertopt bench`` runs), so scripts and CLI agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the Rust tokenizer may use every core between batches (no fork here); same for every contender
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="builtin:minilm", help="Source model for the recipes.")
+    parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "bench",
+                        help="Where recipe artifacts are built (reused if present).")
+    parser.add_argument("--rebuild", action="store_true", help="Rebuild recipe artifacts even if present.")
+    parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds (medians are reported).")
+    parser.add_argument("--texts", type=int, default=256, help="Sentences per padded (batch x seq) pass.")
+    parser.add_argument("--mixed-texts", type=int, default=None, help="Lines of mixed text per pass (all: 512).")
+    parser.add_argument("--latency-calls", type=int, default=40, help="Batch-1 calls per round.")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--latency-seq-len", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="Threads per contender (default: all cores).")
+    parser.add_argument("--json", type=Path, default=None, help="JSON output (default: benchmarks/results/).")
+
+
+def settings_from(args):
+    from bertopt.bench import Settings
+
+    return Settings(batch_size=args.batch_size, seq_len=args.seq_len, latency_seq_len=args.latency_seq_len,
+                    padded_texts=args.texts, mixed_texts=args.mixed_texts, latency_calls=args.latency_calls,
+                    rounds=args.rounds)
+
+
+def build_recipe(recipe: str | Path, model: str, out: Path, rebuild: bool = False, say=print):
+    """The final artifact of a recipe run on ``model`` (stages only: benchmarks do their own comparison).
+
+    An existing final artifact made from the same source and recipe stages is reused."""
+    from bertopt.artifact import Artifact, is_artifact
+    from bertopt.recipes import find_recipe, load_recipe, run_recipe
+
+    rec = load_recipe(find_recipe(str(recipe)))
+    final_dir = out / rec.name / f"{len(rec.stages):02d}-{rec.stages[-1][0]}"
+    if not rebuild and is_artifact(final_dir):
+        art = Artifact.load(final_dir)
+        history = art.history()
+        same_stages = [(h["stage"], h["params"]) for h in history[-len(rec.stages):]] == \
+            [(name, cfg) for name, cfg in rec.stages]
+        if art.source.get("spec") == model and same_stages:
+            say(f"reusing {final_dir}")
+            return art, rec
+    say(f"building {rec.name} on {model} ...")
+    result = run_recipe(rec, model=model, out=out, compare=False, gate=False)
+    return result.final, rec
+
+
+def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
+    """Peak arithmetic rate per data type from the clock and the vector/matrix units the CPU reports.
+
+    Assumes two 512-bit FMA pipes per core (Zen 5, Sapphire Rapids and later; Zen 4 runs 512-bit ops
+    double-pumped and has half of this). FLOPs per cycle per core: fp32 FMA 2 pipes x 16 lanes x 2;
+    bf16 dot product (VDPBF16PS) 2 x 16 x 4; int8 VNNI (VPDPBUSD) 2 x 16 x 8 ops; AMX tiles (where present)
+    bf16 1024 and int8 2048 per cycle.
+    """
+    ghz = (machine.get("cpu_mhz") or 0) / 1000
+    cores = cores or machine.get("cpus") or 1
+    flags = set(machine.get("flags") or [])
+    per_cycle = {"fp32": 64}
+    if "avx512_bf16" in flags:
+        per_cycle["bf16"] = 128
+    if "avx512_vnni" in flags:
+        per_cycle["int8"] = 256
+    if "amx_bf16" in flags:
+        per_cycle["bf16"] = 1024
+    if "amx_int8" in flags:
+        per_cycle["int8"] = 2048
+    return {"ghz": ghz, "cores": cores, "assumption": "2x512-bit FMA pipes/core; AMX if flagged",
+            **{k: v * ghz * cores for k, v in per_cycle.items()}}
+
+
+def output_path(args, name: str) -> Path:
+    if args.json:
+        return args.json
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return RESULTS / f"{name}-{stamp}.json"
+
+
+def progress_printer(enabled: bool = True):
+    def say(message: str) -> None:
+        if enabled:
+            print(f"  .. {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """Measured GFLOP/s of one large square matmul in PyTorch (oneDNN), fp32 and bf16: the practical ceiling
+    for this CPU, next to the theoretical peak (``peak_gflops``). Median of ``repeats``."""
+    import statistics
+    import time
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n).to(dtype)
+        b = torch.randn(n, n).to(dtype)
+        torch.matmul(a, b)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - t0)
+        out[name] = 2 * n**3 / statistics.median(times) / 1e9
+    return out

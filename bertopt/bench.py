@@ -1,0 +1,383 @@
+"""``bertopt bench``: throughput and latency of artifacts, measured through the Predictor (the runtime that
+serves them), side by side and interleaved so a noisy neighbour slows every contender alike.
+
+Three measurements per contender, each repeated for several rounds (A B C A B C ...), medians reported:
+
+* padded: batch ``batch_size`` of real sentences, truncated and padded to exactly ``seq_len`` tokens;
+* mixed: ``bertopt.data.mixed_text()`` (one sentence to a paragraph), length-bucketed batches;
+* latency: batch 1, exactly ``latency_seq_len`` tokens, p50/p99 over every call.
+
+Each call asks for the primary output only (the sentence embedding for MiniLM), as a serving client would.
+
+Fidelity (cosine mean/min, neighbour agreement@10 of the primary output) is measured against a reference
+contender (PyTorch fp32 of the source model with ``--reference``) on the built-in corpus and both workloads.
+The same functions back ``benchmarks/bench_recipes.py`` and ``benchmarks/compare.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import typer
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass
+class Settings:
+    batch_size: int = 32
+    seq_len: int = 128
+    latency_seq_len: int = 16
+    padded_texts: int = 256
+    mixed_texts: int | None = None  # None: all of bertopt.data.mixed_text()
+    latency_calls: int = 30
+    rounds: int = 3
+    fidelity: bool = True
+    corpus_texts: int | None = None  # None: the whole built-in corpus for fidelity
+
+    def check(self) -> None:
+        from bertopt.errors import UserError
+
+        for name in ("batch_size", "seq_len", "latency_seq_len", "padded_texts", "latency_calls", "rounds"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.corpus_texts is not None and self.corpus_texts < 2:
+            raise UserError(f"--corpus-texts must be at least 2, got {self.corpus_texts}")
+        if self.latency_seq_len < 3:
+            raise UserError("--latency-seq-len must be at least 3 ([CLS] text [SEP])")
+
+
+@dataclass
+class Contender:
+    """Something to measure: a name and a Predictor (its session is shared by the per-length views)."""
+
+    name: str
+    predictor: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    _views: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    def at_length(self, max_seq_len: int):
+        """A Predictor on the same session that truncates to ``max_seq_len`` tokens (no second model load)."""
+        from bertopt.runtime import Predictor
+
+        if max_seq_len not in self._views:
+            base = self.predictor
+            self._views[max_seq_len] = Predictor(base.artifact, session=base.session, max_seq_len=max_seq_len,
+                                                 batch_size=base.batch_size, length_bucketing=base.length_bucketing,
+                                                 verify=False)
+        return self._views[max_seq_len]
+
+
+def contender_for_artifact(path, *, name: str | None = None, threads: int | None = None, runtime: str | None = None,
+                           provider: str = "cpu", batch_size: int = 32) -> Contender:
+    from bertopt.artifact import Artifact
+    from bertopt.runtime import Predictor
+
+    art = Artifact.load(path)
+    pred = Predictor(art, provider=provider, threads=threads, runtime=runtime, batch_size=batch_size)
+    return Contender(name or Path(art.path).name, pred, {
+        "artifact": str(art.path), "precision": art.precision, **pred.describe()})
+
+
+def reference_contender(artifact_or_source, *, bf16: bool = False, threads: int | None = None,
+                        batch_size: int = 32) -> Contender:
+    """PyTorch running the original model (fp32, or bf16 autocast), through the same Predictor code path."""
+    from bertopt.artifact import Artifact
+    from bertopt.sources import resolve_source
+    from bertopt.sources.hf import hf_reference
+    from bertopt.validate.reference import reference_predictor
+
+    if isinstance(artifact_or_source, Artifact):
+        pred = reference_predictor(artifact_or_source, threads=threads, batch_size=batch_size, bf16=bf16)
+    else:
+        source = resolve_source(str(artifact_or_source))
+        pred = hf_reference(source.path, threads=threads, bf16=bf16, batch_size=batch_size)
+    label = "PyTorch bf16 autocast" if bf16 else "PyTorch fp32"
+    return Contender(label, pred, {"artifact": str(pred.artifact.path), **pred.describe(), "backend": "pytorch",
+                                   "precision": "bf16 autocast" if bf16 else "fp32"})
+
+
+# -- workloads ------------------------------------------------------------------------------------------------
+def padded_texts(n: int) -> list[str]:
+    """``n`` real sentences from the built-in corpus (cycled), for the fixed-shape workload."""
+    from bertopt.data import corpus
+
+    pool = [t for t in corpus() if t.strip()]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def mixed_texts(n: int | None = None) -> list[str]:
+    from bertopt.data import mixed_text
+
+    texts = mixed_text()
+    return texts if n is None else texts[:n]
+
+
+def latency_texts(n: int) -> list[str]:
+    """Sentences long enough to fill the latency sequence length when truncated."""
+    from bertopt.data import corpus
+
+    pool = sorted((t for t in corpus() if len(t.split()) >= 12), key=len) or [t for t in corpus() if t.strip()]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+# -- FLOPs ------------------------------------------------------------------------------------------------------
+def flops_per_sentence(model_info: dict[str, Any], seq_len: int) -> float:
+    """Multiply-adds x 2 of a BERT encoder on one ``seq_len``-token sentence, from its shapes.
+
+    Per layer: Q, K, V, output projections 4*(2*S*H*H), feed-forward 2*(2*S*H*I), attention scores and
+    weighted sum 2*(2*S*S*H). Embeddings, LayerNorm, softmax and pooling are negligible and not counted.
+    """
+    h = int(model_info.get("hidden_size") or 0)
+    i = int(model_info.get("intermediate_size") or 4 * h)
+    layers = int(model_info.get("num_hidden_layers") or 0)
+    s = int(seq_len)
+    return float(layers * (8 * s * h * h + 4 * s * h * i + 4 * s * s * h))
+
+
+# -- timing -----------------------------------------------------------------------------------------------------
+def time_call(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else float("nan")
+
+
+def measure(contenders: list[Contender], settings: Settings, reference: Contender | None = None,
+            progress: ProgressFn | None = None) -> list[dict[str, Any]]:
+    """Interleaved rounds over every contender; returns one result dict per contender (input order)."""
+    settings.check()
+    s = settings
+    padded = padded_texts(s.padded_texts)
+    mixed = mixed_texts(s.mixed_texts)
+    lat_texts = latency_texts(s.latency_calls)
+    say = progress or (lambda _msg: None)
+    runs: dict[str, dict[str, list[float]]] = {c.name: {"padded": [], "mixed": [], "latency": []} for c in contenders}
+
+    # warm-up: first calls allocate, compile (OpenVINO shapes) and fault in pages
+    for c in contenders:
+        say(f"warm-up {c.name}")
+        c.at_length(s.seq_len).run(padded[: s.batch_size], pad_to=s.seq_len, batch_size=s.batch_size)
+        c.predictor.run(mixed[: s.batch_size * 2], batch_size=s.batch_size)
+        view = c.at_length(s.latency_seq_len)
+        for t in lat_texts[:3]:
+            view.run([t], pad_to=s.latency_seq_len, batch_size=1)
+
+    for r in range(s.rounds):
+        for c in contenders:
+            say(f"round {r + 1}/{s.rounds}: padded {c.name}")
+            view = c.at_length(s.seq_len)
+            runs[c.name]["padded"].append(time_call(
+                lambda v=view: v.run(padded, outputs=[v.primary_output], pad_to=s.seq_len, batch_size=s.batch_size)))
+        for c in contenders:
+            say(f"round {r + 1}/{s.rounds}: mixed {c.name}")
+            runs[c.name]["mixed"].append(time_call(
+                lambda p=c.predictor: p.run(mixed, outputs=[p.primary_output], batch_size=s.batch_size)))
+        for c in contenders:
+            say(f"round {r + 1}/{s.rounds}: latency {c.name}")
+            view = c.at_length(s.latency_seq_len)
+            for t in lat_texts:
+                runs[c.name]["latency"].append(time_call(
+                    lambda v=view, t=t: v.run([t], outputs=[v.primary_output], pad_to=s.latency_seq_len, batch_size=1)))
+
+    results = []
+    for c in contenders:
+        m = runs[c.name]
+        padded_rate = len(padded) / statistics.median(m["padded"])
+        flops = flops_per_sentence(c.predictor.artifact.model_info, s.seq_len)
+        results.append({
+            "name": c.name,
+            **c.info,
+            "padded_texts_per_s": padded_rate,
+            "padded_texts_per_s_rounds": [len(padded) / t for t in m["padded"]],
+            "mixed_texts_per_s": len(mixed) / statistics.median(m["mixed"]),
+            "mixed_texts_per_s_rounds": [len(mixed) / t for t in m["mixed"]],
+            "latency_p50_ms": percentile(m["latency"], 50) * 1e3,
+            "latency_p99_ms": percentile(m["latency"], 99) * 1e3,
+            "padded_gflop_per_s": padded_rate * flops / 1e9 if flops else None,
+        })
+    if reference is not None and s.fidelity:
+        fidelity_against(results, contenders, reference, s, say)
+    return results
+
+
+def fidelity_against(results, contenders, reference: Contender, s: Settings, say: ProgressFn) -> None:
+    """Cosine and neighbour agreement of each contender's primary output vs the reference's, on three sets."""
+    from bertopt.data import corpus
+    from bertopt.validate.compare import compare_output
+
+    texts = corpus() if s.corpus_texts is None else corpus()[: s.corpus_texts]
+    sets = {"corpus": (texts, None, None), "padded": (padded_texts(s.padded_texts), s.seq_len, s.seq_len),
+            "mixed": (mixed_texts(s.mixed_texts), None, None)}
+    ref_out = {}
+    for key, (texts, length, pad) in sets.items():
+        say(f"fidelity reference on {key}")
+        pred = reference.at_length(length) if length else reference.predictor
+        ref_out[key] = pred.run(texts, outputs=[pred.primary_output], pad_to=pad)[pred.primary_output]
+    for res, c in zip(results, contenders):
+        res["fidelity"] = {}
+        for key, (texts, length, pad) in sets.items():
+            say(f"fidelity {c.name} on {key}")
+            pred = c.at_length(length) if length else c.predictor
+            name = pred.primary_output
+            # the reference against itself is exact by definition; do not run it twice
+            got = ref_out[key] if c is reference else pred.run(texts, outputs=[name], pad_to=pad)[name]
+            kind = pred.outputs[name].get("kind", "embedding")
+            stats = compare_output(name, kind, got, ref_out[key])
+            res["fidelity"][key] = {k: stats[k] for k in ("cos_mean", "cos_min", "neighbour_agreement_at_10",
+                                                          "max_abs", "nan_or_inf") if k in stats}
+
+
+def add_ratios(results: list[dict[str, Any]], baseline: str, key: str) -> None:
+    """``result['vs'][key]``: padded/mixed throughput ratios and latency ratio to the named baseline."""
+    base = next((r for r in results if r["name"] == baseline), None)
+    if base is None:
+        return
+    for r in results:
+        r.setdefault("vs", {})[key] = {
+            "padded": r["padded_texts_per_s"] / base["padded_texts_per_s"],
+            "mixed": r["mixed_texts_per_s"] / base["mixed_texts_per_s"],
+            "latency_p50": r["latency_p50_ms"] / base["latency_p50_ms"],
+        }
+
+
+def results_table(results: list[dict[str, Any]], settings: Settings, title: str, ratio_keys: Sequence[str] = ()):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left",
+                  caption=f"(a) batch {settings.batch_size} padded to {settings.seq_len} tokens, texts/s; "
+                  f"(b) mixed-length text, length-bucketed batches of {settings.batch_size}, texts/s; p50/p99: batch 1,"
+                  f" {settings.latency_seq_len} tokens; GFLOP/s on (a); cosine of the primary output vs the reference "
+                  "on the built-in corpus (mean, min), on (a) and (b) (min); nbr@10: neighbour agreement@10 (corpus)",
+                  caption_justify="left")
+    cols = ["contender", "runtime", "precision", "(a) /s", "(b) /s", "p50 ms", "p99 ms", "GFLOP/s"]
+    for key in ratio_keys:
+        cols += [f"(a) x{key}", f"(b) x{key}", f"p50 /{key}"]
+    cols += ["cos mean", "cos min", "cos min (a)", "cos min (b)", "nbr@10"]
+    for col in cols:
+        text = col in ("contender", "runtime", "precision")
+        table.add_column(col, justify="left" if text else "right", no_wrap=text)
+    for r in results:
+        row = [r["name"], str(r.get("backend", "")), str(r.get("precision", "")), f"{r['padded_texts_per_s']:.1f}",
+               f"{r['mixed_texts_per_s']:.1f}", f"{r['latency_p50_ms']:.2f}", f"{r['latency_p99_ms']:.2f}",
+               f"{r['padded_gflop_per_s']:.0f}" if r.get("padded_gflop_per_s") else "-"]
+        for key in ratio_keys:
+            v = r.get("vs", {}).get(key)
+            row += [f"{v['padded']:.2f}", f"{v['mixed']:.2f}", f"{v['latency_p50']:.2f}"] if v else ["-"] * 3
+        f = r.get("fidelity")
+        if f:
+            row += [f"{f['corpus']['cos_mean']:.6f}", f"{f['corpus']['cos_min']:.6f}", f"{f['padded']['cos_min']:.5f}",
+                    f"{f['mixed']['cos_min']:.5f}", f"{f['corpus'].get('neighbour_agreement_at_10', float('nan')):.3f}"]
+        else:
+            row += ["-"] * 5
+        table.add_row(*row)
+    return table
+
+
+def machine_info() -> dict[str, Any]:
+    import os
+    import platform
+
+    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        info["load_average"] = os.getloadavg()
+    except OSError:
+        info["load_average"] = None
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
+            if line.startswith("model name") and "cpu_model" not in info:
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+            if line.startswith("cpu MHz") and "cpu_mhz" not in info:
+                info["cpu_mhz"] = float(line.split(":", 1)[1])
+            if line.startswith("flags") and "flags" not in info:
+                flags = set(line.split(":", 1)[1].split())
+                info["flags"] = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
+    except OSError:
+        pass
+    return info
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    import os
+    import uuid
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------------
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench_command(
+        artifacts: list[Path] = typer.Argument(..., help="Artifact folders to measure side by side."),
+        reference: bool = typer.Option(False, "--reference/--no-reference", help="Also measure the first artifact's "
+                                       "source model in PyTorch fp32 and bf16 autocast; ratios and fidelity "
+                                       "(cosine, neighbour agreement) are then given against PyTorch fp32."),
+        batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the padded and mixed workloads."),
+        seq_len: int = typer.Option(128, "--seq-len", help="Tokens per sentence of the padded workload."),
+        latency_seq_len: int = typer.Option(16, "--latency-seq-len", help="Tokens of the batch-1 latency input."),
+        texts: int = typer.Option(256, "--texts", help="Sentences per padded pass."),
+        mixed: Optional[int] = typer.Option(None, "--mixed-texts", help="Lines of mixed-length text per pass "
+                                            "(default: all 512)."),
+        latency_calls: int = typer.Option(30, "--latency-calls", help="Batch-1 calls per round."),
+        corpus_texts: Optional[int] = typer.Option(None, "--corpus-texts", help="Built-in corpus sentences used "
+                                                   "for fidelity with --reference (default: all)."),
+        rounds: int = typer.Option(3, "--rounds", help="Interleaved rounds; medians are reported."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="Threads per contender (default: the "
+                                              "cores this process may use)."),
+        runtime: Optional[str] = typer.Option(None, "--runtime", help="Run every artifact with this backend "
+                                              "instead of the one in its manifest (onnxruntime, openvino)."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results to this JSON file."),
+    ) -> None:
+        """Measure artifacts through the Predictor: throughput at batch 32 padded to 128 tokens, on mixed-length
+        text (length-bucketed), batch-1 latency p50/p99; interleaved rounds, medians. Speed is noisy on a
+        shared machine: compare the ratios of contenders measured in the same run."""
+        from rich.console import Console
+
+        from bertopt.errors import UserError
+
+        console = Console(width=max(Console().width, 200))  # the table is wide; piped output must not truncate it
+        settings = Settings(batch_size=batch_size, seq_len=seq_len, latency_seq_len=latency_seq_len,
+                            padded_texts=texts, mixed_texts=mixed, latency_calls=latency_calls, rounds=rounds,
+                            corpus_texts=corpus_texts)
+        settings.check()
+        names = [p.name for p in artifacts]
+        if len(set(names)) != len(names):
+            names = [str(p) for p in artifacts]
+        with console.status("loading ...") as status:
+            contenders = [contender_for_artifact(p, name=n, threads=threads, runtime=runtime, batch_size=batch_size)
+                          for p, n in zip(artifacts, names)]
+            ref = None
+            if reference:
+                first = contenders[0].predictor.artifact
+                if not first.source:
+                    raise UserError(f"{first.path} records no source model to compare with; drop --reference")
+                ref = reference_contender(first, threads=threads, batch_size=batch_size)
+                contenders = [ref, reference_contender(first, bf16=True, threads=threads, batch_size=batch_size),
+                              *contenders]
+            results = measure(contenders, settings, reference=ref, progress=lambda m: status.update(m))
+        ratio_keys = []
+        if ref is not None:
+            add_ratios(results, "PyTorch fp32", "pt-fp32")
+            add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
+            ratio_keys = ["pt-fp32", "pt-bf16"]
+        console.print(results_table(results, settings, "bertopt bench", ratio_keys))
+        if json_out is not None:
+            from dataclasses import asdict
+
+            write_json(json_out, {"settings": asdict(settings), "machine": machine_info(), "results": results})
+            console.print(f"wrote {json_out}")

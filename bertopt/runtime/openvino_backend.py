@@ -1,0 +1,107 @@
+"""OpenVINO as a runtime backend: reads the artifact's ONNX file and runs it on the CPU plugin.
+
+An artifact is served with OpenVINO when its manifest says ``"runtime": "openvino"`` (written by
+``bertopt compile --runtime openvino``) or when a caller passes ``runtime="openvino"``. Its
+``runtime_options`` choose the inference precision (``bf16`` runs MatMuls with AVX-512 BF16 / AMX, ``f32``
+keeps full precision; QDQ int8 models run their quantised MatMuls with VNNI/AMX int8) and the performance
+hint. Compiled blobs are cached under ``$BERTOPT_CACHE_DIR/openvino`` (default ``~/.cache/bertopt``) so a
+second load skips compilation.
+
+OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
+artifacts are made from the exported or pruned ONNX, before ``optimize``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertopt.errors import UserError, require
+from bertopt.runtime.backends import default_threads, register_backend
+
+PRECISIONS = ("auto", "bf16", "f32")
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")
+    return Path(root) / "openvino"
+
+
+def runtime_options(artifact) -> dict[str, Any]:
+    manifest = getattr(artifact, "manifest", None) or {}
+    return dict(manifest.get("runtime_options") or {})
+
+
+def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
+    """OpenVINO properties for the CPU plugin from an artifact's ``runtime_options``."""
+    precision = options.get("inference_precision", "auto")
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown OpenVINO inference precision {precision!r} in the manifest; "
+                        f"re-create the artifact with one of {', '.join(PRECISIONS)}")
+    hint = options.get("performance_hint", "LATENCY")
+    if hint not in PERFORMANCE_HINTS:
+        raise UserError(f"unknown OpenVINO performance hint {hint!r}; use one of {', '.join(PERFORMANCE_HINTS)}")
+    config: dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_NUM_THREADS": int(threads)}
+    if precision != "auto":
+        config["INFERENCE_PRECISION_HINT"] = precision
+    if hint == "LATENCY":
+        config["NUM_STREAMS"] = 1
+    if options.get("cache", True):
+        folder = cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        config["CACHE_DIR"] = str(folder)
+    return config
+
+
+class OpenVinoSession:
+    backend = "openvino"
+
+    def __init__(self, artifact, provider: str = "auto", threads: int | None = None):
+        ov = require("openvino", "openvino", "running artifacts with OpenVINO")
+        if provider not in ("auto", "cpu"):
+            raise UserError(f"provider '{provider}' is not available with the OpenVINO runtime (it runs on the "
+                            "CPU here); use --provider cpu or --runtime onnxruntime")
+        self.threads = threads or default_threads()
+        self.options = runtime_options(artifact)
+        config = compile_config(self.options, self.threads)
+        core = ov.Core()
+        path = str(artifact.model_path)
+        try:
+            # compiling from the path (not a read model) lets OpenVINO use its blob cache
+            self._compiled = core.compile_model(path, "CPU", config)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"OpenVINO cannot load {path}: {first}; OpenVINO reads plain ONNX (compile the "
+                            "exported or pruned artifact, not the ONNX Runtime-optimised one)") from None
+        self.provider = "CPU"
+        precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
+        self.input_names = [p.get_any_name() for p in self._compiled.inputs]
+        self._outputs = {}
+        for port in self._compiled.outputs:
+            for name in port.get_names():
+                self._outputs[name] = port
+        self.output_names = [p.get_any_name() for p in self._compiled.outputs]
+        self._local = threading.local()  # an infer request is not thread-safe; one per calling thread
+
+    def _request(self):
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self._compiled.create_infer_request()
+        return request
+
+    def run(self, output_names, feeds):
+        unknown = [n for n in output_names if n not in self._outputs]
+        if unknown:
+            raise UserError(f"unknown output {unknown[0]!r}; the model has {', '.join(self.output_names)}")
+        request = self._request()
+        results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
+        return [np.array(results[self._outputs[n]], copy=True) for n in output_names]
+
+
+register_backend("openvino")(OpenVinoSession)

@@ -1,0 +1,107 @@
+"""compile: choose the runtime an artifact is served with and how it executes, recorded in the manifest.
+
+The model file is copied unchanged; the manifest gets ``runtime`` (``openvino`` or ``onnxruntime``) and
+``runtime_options`` (for OpenVINO: inference precision and performance hint). Every Predictor built on the
+artifact (run, validate, bench, Spark, the server) then uses that backend, so what is validated is what is
+served. The stage checks the compiled model against its input on the built-in corpus before writing.
+
+OpenVINO on this kind of CPU: ``bf16`` runs the MatMuls on AVX-512 BF16 (AMX where present) at a cosine of
+about 0.99998 to fp32; a static int8 QDQ parent runs its quantised MatMuls in int8 (VNNI/AMX) and the rest in
+the chosen precision. OpenVINO cannot read ONNX Runtime's fused contrib ops, so compile the exported or
+pruned artifact (or an int8-static one made from it), not the output of ``optimize``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bertopt.errors import UserError
+from bertopt.params import Param
+
+NAME = "compile"
+HELP = ("Pick the runtime (openvino or onnxruntime) and its execution precision for an artifact; recorded in "
+        "the manifest and checked against the input on the built-in corpus.")
+RUNTIMES = ("openvino", "onnxruntime")
+
+
+def _cosine_ok(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "must be between 0 and 1"
+
+
+PARAMS = [
+    Param("runtime", str, "openvino", "Backend the artifact is served with.", choices=RUNTIMES),
+    Param("inference_precision", str, "bf16", "OpenVINO: precision of floating-point compute (bf16 uses "
+          "AVX-512 BF16/AMX; f32 is exact; auto is OpenVINO's default for this CPU).",
+          choices=("auto", "bf16", "f32")),
+    Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread, for synchronous "
+          "batches) or THROUGHPUT (several streams).", choices=("LATENCY", "THROUGHPUT")),
+    Param("min_cosine", float, 0.999, "Refuse to write the artifact if any sentence embedding's cosine to the "
+          "input artifact's falls below this on the built-in corpus.", check=_cosine_ok),
+]
+
+# ONNX Runtime's fused operators (domain com.microsoft) that OpenVINO's ONNX frontend cannot read.
+_ORT_DOMAIN = "com.microsoft"
+
+
+def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
+    from bertopt.artifact import Artifact, ArtifactWriter
+    from bertopt.data import corpus
+    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.onnx_util import load_onnx
+
+    art = require_onnx_artifact(input, NAME)
+    if art.model_format != "onnx":
+        raise UserError(f"compile works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
+    options: dict[str, Any] = {}
+    precision = art.precision
+    if config["runtime"] == "openvino":
+        model = load_onnx(art.model_path)
+        fused = sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+        if fused:
+            raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO "
+                            "cannot read; compile the exported or pruned artifact (before 'optimize') instead")
+        del model
+        options = {"inference_precision": config["inference_precision"],
+                   "performance_hint": config["performance_hint"]}
+        precision = _precision_label(art.precision, config["inference_precision"])
+    with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
+        w.copy_tokenizer(art)
+        shutil.copy2(art.model_path, w.dir / "model.onnx")
+        w.runtime = config["runtime"]
+        w.extra["runtime_options"] = options
+        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
+        view = Artifact(w.dir, {**w._model, "model": w.model_info, "runtime": w.runtime, "runtime_options": options,
+                                "digest": "staging", "files": {}})
+        stats, session = _check(view, art, corpus())
+        w.report["accuracy_vs_parent"] = stats
+        w.report["runtime"] = config["runtime"]
+        if hasattr(session, "inference_precision"):
+            w.report["effective_inference_precision"] = session.inference_precision
+        worst = min((s.get("cos_min", 1.0) for s in stats.values() if "cos_min" in s), default=1.0)
+        bad = sum(s.get("nan_or_inf", 0) for s in stats.values())
+        if bad or worst < config["min_cosine"]:
+            raise UserError(f"the {config['runtime']} model drifts from its input on the built-in corpus "
+                            f"(cosine min {worst:.6f} < {config['min_cosine']}, NaN/Inf {bad}); use "
+                            "--inference-precision f32 or lower --min-cosine")
+    return w.artifact
+
+
+def _precision_label(parent: str, inference_precision: str) -> str:
+    compute = {"auto": "auto", "bf16": "bf16", "f32": "fp32"}[inference_precision]
+    if parent.startswith("int8"):
+        return f"{parent}+{compute}"  # int8 MatMuls, the rest in the chosen float precision
+    return compute
+
+
+def _check(view, parent, texts):
+    """The staged artifact (with its runtime options) against its parent; returns (stats, session)."""
+    from bertopt.runtime import Predictor
+    from bertopt.validate.compare import compare_runs
+
+    new = Predictor(view, provider="cpu", verify=False)
+    old = Predictor(parent, provider="cpu", verify=False)
+    names = [o for o in new.output_names if o in old.output_names]
+    kinds = {o["name"]: o.get("kind", "embedding") for o in parent.outputs}
+    return compare_runs(new.run(texts, outputs=names), old.run(texts, outputs=names), kinds), new.session

@@ -1,0 +1,51 @@
+"""Smoke runs of the benchmark scripts on a tiny BERT with tiny sizes: they build their recipes, measure, print
+a table and write JSON. The numbers are not checked (speed is noisy); the wiring is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--rounds", "1", "--texts", "8", "--mixed-texts", "12", "--latency-calls", "2", "--batch-size", "4",
+        "--seq-len", "24", "--latency-seq-len", "8"]
+
+
+def _run(script: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_bench_recipes_script_smoke(tiny_hf, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _run("bench_recipes.py", "--model", tiny_hf, "--out", tmp_path / "art", "--recipes",
+                "minilm-fp32-optimized", *TINY, "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [r["name"] for r in data["results"]] == ["PyTorch fp32", "minilm-fp32-optimized"]
+    assert data["results"][1]["fidelity"]["corpus"]["cos_min"] > 0.9999
+    assert "minilm-fp32-optimized" in proc.stdout
+    # a second run reuses the built artifact instead of rebuilding it
+    again = _run("bench_recipes.py", "--model", tiny_hf, "--out", tmp_path / "art", "--recipes",
+                 "minilm-fp32-optimized", *TINY, "--json", out)
+    assert again.returncode == 0 and "reusing" in again.stderr
+
+
+@pytest.mark.slow
+def test_compare_script_smoke(tiny_hf, tmp_path):
+    out = tmp_path / "c.json"
+    proc = _run("compare.py", "--model", tiny_hf, "--out", tmp_path / "art", *TINY, "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    names = [r["name"] for r in data["results"]]
+    assert names[:3] == ["PyTorch fp32", "PyTorch bf16 autocast", "ORT fp32 as exported"]
+    assert "bertopt fastest-cpu" in names and "ORT int8 dynamic per-channel" in names
+    fastest = next(r for r in data["results"] if r["name"] == "bertopt fastest-cpu")
+    assert fastest["backend"] == "openvino"
+    assert set(data["goal"]["checks"]) == {"padded_vs_bf16", "mixed_vs_bf16", "latency_vs_fp32"}
+    assert "GOAL" in proc.stdout

@@ -1,0 +1,139 @@
+"""The OpenVINO backend and the compile stage that selects it, on a tiny random BERT (real OpenVINO, real ORT)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from bertopt.artifact import Artifact
+from bertopt.data import corpus
+from bertopt.errors import UserError
+from bertopt.registry import run_stage
+from bertopt.runtime import Predictor
+
+pytest.importorskip("openvino")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("ov-cache")
+    mp.setenv("BERTOPT_CACHE_DIR", str(cache))
+    yield cache
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return corpus()[:64]
+
+
+@pytest.fixture(scope="module")
+def ov_f32(tiny_onnx, tmp_path_factory):
+    return run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32"},
+                     tmp_path_factory.mktemp("ov") / "f32")
+
+
+@pytest.fixture(scope="module")
+def ov_bf16(tiny_onnx, tmp_path_factory):
+    return run_stage("compile", tiny_onnx, {"inference_precision": "bf16"}, tmp_path_factory.mktemp("ov") / "bf16")
+
+
+def _flat(values):
+    return np.concatenate([np.ravel(v) for v in values])
+
+
+def test_openvino_f32_matches_onnxruntime(tiny_onnx, ov_f32, texts):
+    ov = Predictor(ov_f32.path)
+    ort = Predictor(tiny_onnx.path)
+    assert ov.session.backend == "openvino" and ort.session.backend == "onnxruntime"
+    got, ref = ov.run(texts), ort.run(texts)
+    assert set(got) == set(ref) == {"last_hidden_state", "sentence_embedding"}
+    assert got["sentence_embedding"].shape == ref["sentence_embedding"].shape == (len(texts), 32)
+    assert np.allclose(got["sentence_embedding"], ref["sentence_embedding"], atol=1e-5)
+    assert [a.shape for a in got["last_hidden_state"]] == [b.shape for b in ref["last_hidden_state"]]
+    assert np.allclose(_flat(got["last_hidden_state"]), _flat(ref["last_hidden_state"]), atol=1e-4)
+
+
+def test_bf16_is_close_but_not_identical(tiny_onnx, ov_bf16, texts):
+    got = Predictor(ov_bf16.path).encode(texts)
+    ref = Predictor(tiny_onnx.path).encode(texts)
+    cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+    assert cos.min() > 0.99
+    report = ov_bf16.lineage["report"]
+    assert report["effective_inference_precision"] in ("bf16", "f32")  # f32 where the CPU has no bf16 support
+    if report["effective_inference_precision"] == "bf16":
+        assert not np.allclose(got, ref, atol=1e-7)  # bf16 really ran
+
+
+def test_compile_records_runtime_and_predictor_uses_it(tiny_onnx, ov_f32):
+    manifest = json.loads((ov_f32.path / "bertopt.json").read_text())
+    assert manifest["runtime"] == "openvino"
+    assert manifest["runtime_options"] == {"inference_precision": "f32", "performance_hint": "LATENCY"}
+    assert manifest["precision"] == "fp32"
+    assert manifest["lineage"]["stage"] == "compile"
+    assert manifest["lineage"]["parent"]["digest"] == tiny_onnx.digest
+    assert manifest["lineage"]["report"]["accuracy_vs_parent"]["sentence_embedding"]["cos_min"] > 0.9999
+    loaded = Artifact.load(ov_f32.path)  # hashes verify
+    assert loaded.runtime == "openvino"
+    pred = Predictor(loaded)
+    assert pred.describe()["backend"] == "openvino"
+    # a caller may still override the manifest's choice
+    assert Predictor(loaded, runtime="onnxruntime").session.backend == "onnxruntime"
+
+
+def test_compile_for_onnxruntime_records_it(tiny_onnx, tmp_path):
+    art = run_stage("compile", tiny_onnx, {"runtime": "onnxruntime"}, tmp_path / "ort")
+    assert art.runtime == "onnxruntime" and Predictor(art.path).session.backend == "onnxruntime"
+
+
+def test_compile_refuses_fused_onnxruntime_graph(tiny_onnx, tmp_path, cli):
+    fused = run_stage("optimize", tiny_onnx, {}, tmp_path / "fused")
+    out = tmp_path / "ov"
+    code, _, err = cli("compile", fused.path, "--out", out)
+    assert code == 2
+    assert "contrib ops" in err and "before 'optimize'" in err
+    assert not out.exists() and not list(tmp_path.glob(".ov.tmp-*"))
+
+
+def test_compile_cli_writes_artifact(tiny_onnx, tmp_path, cli):
+    out = tmp_path / "ov-cli"
+    code, stdout, _ = cli("compile", tiny_onnx.path, "--out", out, "--inference-precision", "f32")
+    assert code == 0, stdout
+    assert "wrote" in stdout and "vs input: cos mean" in stdout
+    assert Artifact.load(out).runtime == "openvino"
+    code, _, err = cli("compile", tiny_onnx.path, "--out", tmp_path / "x", "--inference-precision", "int4")
+    assert code == 2 and "inference_precision" in err
+
+
+def test_openvino_refuses_gpu_provider(ov_f32):
+    with pytest.raises(UserError, match="not available with the OpenVINO runtime"):
+        Predictor(ov_f32.path, provider="cuda")
+
+
+def test_openvino_caches_compiled_model(ov_f32, _private_cache):
+    Predictor(ov_f32.path)
+    assert any(p.is_file() for p in (_private_cache / "openvino").rglob("*"))
+
+
+def test_openvino_session_is_thread_safe(ov_f32, texts):
+    pred = Predictor(ov_f32.path, batch_size=8)
+    expected = pred.encode(texts)
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            results[i] = pred.encode(texts)
+        except Exception as exc:  # surfaced below; a thread's exception is otherwise lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert all(np.allclose(results[i], expected, atol=1e-6) for i in range(3))
