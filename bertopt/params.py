@@ -47,7 +47,8 @@ class Param:
                     items = [str(v) for v in value]
                 else:
                     raise ValueError(value)
-                return items
+                out = items
+                return self._checked(out, where)
             if self.type is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
             if self.type in (int, float) and isinstance(value, bool):
@@ -61,11 +62,14 @@ class Param:
             raise UserError(
                 f"{where}: '{self.name}' must be one of {', '.join(self.choices)}; got {out!r}"
             )
+        return self._checked(out, where)
+
+    def _checked(self, value: Any, where: str) -> Any:
         if self.check is not None:
-            problem = self.check(out)
+            problem = self.check(value)
             if problem:
                 raise UserError(f"{where}: '{self.name}' {problem}")
-        return out
+        return value
 
 
 def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where: str) -> dict[str, Any]:

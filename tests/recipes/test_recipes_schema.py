@@ -43,3 +43,12 @@ def test_bad_recipes_name_the_problem(tmp_path, text, message):
 def test_targets_may_be_a_mapping(tmp_path):
     r = load_recipe(_write(tmp_path, "stages: [export]\nvalidate:\n  targets: {cos_min: 0.99, max_abs: 0.1}\n"))
     assert r.validate["targets"] == "cos_min=0.99,max_abs=0.1"
+
+
+def test_list_parameters_are_checked_too():
+    from bertopt.params import Param, resolve_config
+
+    p = Param("outputs", list, None, "x", check=lambda v: None if "a" in v else "must include a")
+    assert resolve_config([p], {"outputs": "a,b"}, "t") == {"outputs": ["a", "b"]}
+    with pytest.raises(UserError, match="'outputs' must include a"):
+        resolve_config([p], {"outputs": ["b"]}, "t")
