@@ -4,7 +4,10 @@ This is the only place a served or validated model is run (``run``, ``validate``
 UDF, the ZeroMQ worker and the Kafka bridge all build a Predictor), so what is validated is what is served.
 
 Batching is length-bucketed by default: texts are sorted by token count, each batch is padded only to its
-own longest text, and results are put back in the caller's order. Padding never changes a real token's
+own longest text, and results are put back in the caller's order. A batch also ends early when the next text
+is much longer than the batch's first (``BUCKET_GROWTH``): real text has a long tail (a few paragraphs among
+many short sentences), and without that bound one paragraph pads 31 short texts to its length. On 256-text
+chunks of the built-in corpus this bound doubled MiniLM's throughput. Padding never changes a real token's
 output (attention masks it), so bucketing changes speed, not values.
 """
 
@@ -23,6 +26,10 @@ from bertopt.errors import UserError
 from bertopt.runtime.backends import describe, open_session
 
 DEFAULT_BATCH_SIZE = 32
+# a batch ends before a text longer than BUCKET_GROWTH x (its first text) + BUCKET_SLACK_TOKENS; the slack
+# keeps short texts (3-10 tokens) in full batches, where per-batch overhead matters more than padding
+BUCKET_GROWTH = 1.25
+BUCKET_SLACK_TOKENS = 8
 
 
 def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
@@ -167,13 +174,11 @@ class Predictor:
                 else:
                     result[name] = np.zeros((0, max(self.embedding_dim, 0)), dtype=np.float32)
             return result
-        order = self.batch_order(encodings)
         bs = batch_size or self.batch_size
         pieces: dict[str, list] = {name: [None] * n for name in names}
         tokens = 0
         batches = 0
-        for start in range(0, n, bs):
-            idx = order[start:start + bs]
+        for idx in self.plan_batches(encodings, bs, bounded_padding=pad_to is None):
             feeds, lengths = self.feeds_for([encodings[i] for i in idx], pad_to=pad_to)
             out = self.run_batch(feeds, names)
             batches += 1
@@ -190,11 +195,29 @@ class Predictor:
             result[name] = pieces[name] if self.is_token_level(name) else np.stack(pieces[name])
         return result
 
-    def batch_order(self, encodings) -> list[int]:
+    def plan_batches(self, encodings, batch_size: int, bounded_padding: bool = True) -> list[list[int]]:
+        """Indices of each batch, in run order. Without bucketing: input order, ``batch_size`` at a time.
+        With it: sorted by length (stable, so results are reproducible), at most ``batch_size`` a batch, and
+        (unless every batch is padded to one fixed length anyway) a new batch before a text much longer than
+        the batch's first."""
+        n = len(encodings)
         if not self.length_bucketing:
-            return list(range(len(encodings)))
-        # stable sort by length: equal lengths keep input order, so results are reproducible
-        return sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+            return [list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)]
+        order = sorted(range(n), key=lambda i: len(encodings[i].ids))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        limit = 0.0
+        for i in order:
+            length = len(encodings[i].ids)
+            if current and (len(current) >= batch_size or (bounded_padding and length > limit)):
+                batches.append(current)
+                current = []
+            if not current:
+                limit = BUCKET_GROWTH * length + BUCKET_SLACK_TOKENS
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
 
     def encode(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None) -> np.ndarray:
         """The primary output (sentence embedding, logits, ...) as one float32 array."""

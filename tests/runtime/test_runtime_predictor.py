@@ -76,3 +76,23 @@ def test_stats_count_texts_and_batches(tiny_onnx):
     pred = Predictor(tiny_onnx, batch_size=4)
     pred.encode(["a"] * 10)
     assert pred.stats["texts"] == 10 and pred.stats["batches"] == 3
+
+
+def test_batches_bound_padding_on_long_tailed_text(tiny_onnx):
+    # 40 short sentences and 2 paragraphs: fixed 32-text batches would pad 30 short texts to paragraph length
+    pred = Predictor(tiny_onnx, batch_size=32)
+    texts = [f"short sentence {i}" for i in range(40)] + ["a long paragraph " * 10, "another long one " * 9]
+    encodings = pred.tokenize(texts)
+    lengths = [len(e.ids) for e in encodings]
+    batches = pred.plan_batches(encodings, 32)
+    assert sorted(i for b in batches for i in b) == list(range(len(texts)))  # each text exactly once
+    assert all(len(b) <= 32 for b in batches)
+    for b in batches:  # no batch pads a text to more than 1.25x + 8 of the batch's shortest
+        assert max(lengths[i] for i in b) <= 1.25 * min(lengths[i] for i in b) + 8
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded < 1.3 * sum(lengths)
+    # with a fixed pad length there is nothing to save: plain 32-text batches
+    assert [len(b) for b in pred.plan_batches(encodings, 32, bounded_padding=False)] == [32, 10]
+    # and values do not depend on the plan
+    assert np.allclose(pred.encode(texts), Predictor(tiny_onnx, batch_size=32, length_bucketing=False).encode(texts),
+                       atol=1e-5)
