@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ROOT,
     add_common_args,
+    artifact_contender,
     build_recipe,
     output_path,
     progress_printer,
@@ -38,16 +39,7 @@ def main(argv=None) -> int:
 
     from rich.console import Console
 
-    from bertopt.bench import (
-        Contender,
-        add_ratios,
-        machine_info,
-        measure,
-        reference_contender,
-        results_table,
-        write_json,
-    )
-    from bertopt.runtime import Predictor
+    from bertopt import bench
 
     console = Console(width=200)
     say = progress_printer()
@@ -56,20 +48,19 @@ def main(argv=None) -> int:
     for recipe in args.recipes:
         art, rec = build_recipe(ROOT / "recipes" / f"{recipe}.yaml" if "/" not in recipe else recipe,
                                 args.model, args.out, args.rebuild, say)
-        pred = Predictor(art, provider="cpu", threads=args.threads, batch_size=args.batch_size)
-        contenders.append(Contender(rec.name, pred, {"artifact": str(art.path), "precision": art.precision,
-                                                     **pred.describe()}))
-    reference = reference_contender(contenders[0].predictor.artifact, threads=args.threads,
+        contenders.append(artifact_contender(rec.name, art, args.threads, args.batch_size))
+    reference = bench.reference_contender(contenders[0].predictor.artifact, threads=args.threads,
                                     batch_size=args.batch_size)
     contenders.insert(0, reference)
-    machine = machine_info()
+    machine = bench.machine_info()
     say(f"load average before: {machine.get('load_average')}")
-    results = measure(contenders, settings, reference=reference, progress=say)
-    add_ratios(results, reference.name, "pt-fp32")
-    console.print(results_table(results, settings, f"default recipes vs PyTorch fp32 ({args.model})", ["pt-fp32"]))
+    results = bench.measure(contenders, settings, reference=reference, progress=say)
+    bench.add_ratios(results, reference.name, "pt-fp32")
+    title = f"default recipes vs PyTorch fp32 ({args.model})"
+    console.print(bench.results_table(results, settings, title, ["pt-fp32"]))
     path = output_path(args, "bench_recipes")
-    write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
-                      "machine": machine | {"load_average_after": machine_info().get("load_average")},
+    bench.write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
+                      "machine": machine | {"load_average_after": bench.machine_info().get("load_average")},
                       "results": results})
     console.print(f"wrote {path}")
     return 0

@@ -129,3 +129,12 @@ def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) ->
             times.append(time.perf_counter() - t0)
         out[name] = 2 * n**3 / statistics.median(times) / 1e9
     return out
+
+
+def artifact_contender(name: str, art, threads: int | None, batch_size: int, **predictor_options):
+    """A bench Contender running ``art`` through bertopt's runtime (the same Predictor validate and serve use)."""
+    from bertopt.bench import Contender
+    from bertopt.runtime import Predictor
+
+    pred = Predictor(art, provider="cpu", threads=threads, batch_size=batch_size, **predictor_options)
+    return Contender(name, pred, {"artifact": str(art.path), "precision": art.precision, **pred.describe()})

@@ -140,6 +140,15 @@ def flops_per_sentence(model_info: dict[str, Any], seq_len: int) -> float:
     return float(layers * (8 * s * h * h + 4 * s * h * i + 4 * s * s * h))
 
 
+def executed_flops(predictor, texts: Sequence[str], batch_size: int) -> float:
+    """FLOPs the hardware actually runs for ``texts`` in ``predictor``'s batches: each batch is padded to its
+    longest text, so padding counts (it is computed) and mixed-length text is priced by its real shapes."""
+    info = predictor.artifact.model_info
+    encodings = predictor.tokenize(texts)
+    return sum(len(b) * flops_per_sentence(info, max(len(encodings[i].ids) for i in b))
+               for b in predictor.plan_batches(encodings, batch_size))
+
+
 # -- timing -----------------------------------------------------------------------------------------------------
 def time_call(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
@@ -195,6 +204,7 @@ def measure(contenders: list[Contender], settings: Settings, reference: Contende
         m = runs[c.name]
         padded_rate = len(padded) / statistics.median(m["padded"])
         flops = flops_per_sentence(c.predictor.artifact.model_info, s.seq_len)
+        mixed_flops = executed_flops(c.predictor, mixed, s.batch_size) if flops else 0.0
         results.append({
             "name": c.name,
             **c.info,
@@ -205,6 +215,7 @@ def measure(contenders: list[Contender], settings: Settings, reference: Contende
             "latency_p50_ms": percentile(m["latency"], 50) * 1e3,
             "latency_p99_ms": percentile(m["latency"], 99) * 1e3,
             "padded_gflop_per_s": padded_rate * flops / 1e9 if flops else None,
+            "mixed_gflop_per_s": mixed_flops / statistics.median(m["mixed"]) / 1e9 if flops else None,
         })
     if reference is not None and s.fidelity:
         fidelity_against(results, contenders, reference, s, say)

@@ -25,6 +25,7 @@ import numpy as np
 ROLES = ("attention", "ffn-in", "ffn-out", "other")
 # ops whose output is a GELU activation: fused (ORT transformers optimizer) or an exported exact GELU (has an Erf)
 _GELU_OPS = ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")
+_WEIGHT_OPS = ("MatMul", "Gemm", "Attention", "MatMulInteger", "QAttention")
 
 
 def _near_gelu(start: str, step, limit: int = 4) -> bool:
@@ -36,6 +37,10 @@ def _near_gelu(start: str, step, limit: int = 4) -> bool:
         for node, nexts in step(name):
             if node.op_type in _GELU_OPS or node.op_type == "Erf":
                 return True
+            # a GELU behind another weight MatMul belongs to that MatMul (the attention output projection reaches
+            # the next FFN's GELU through SkipLayerNormalization and the FFN input MatMul)
+            if node.op_type in _WEIGHT_OPS:
+                continue
             if depth + 1 < limit and node.name not in seen:
                 seen.add(node.name)
                 frontier.extend((n, depth + 1) for n in nexts)
