@@ -128,3 +128,19 @@ def test_bad_outlier_settings_are_user_errors(tiny_onnx, tmp_path):
     with pytest.raises(UserError, match="--per-token applies to --mode int8-dynamic only"):
         run_stage("quantize", tiny_onnx, {"mode": "int8-static", "per_token": True}, tmp_path / "d")
     assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_roles_in_the_fused_graph(tiny_onnx, tmp_path):
+    # after 'optimize' the attention output projection reaches the next FFN's GELU through SkipLayerNormalization
+    # and the FFN input MatMul; it must not be taken for an FFN input (first-token / per-token work is costly)
+    fused = run_stage("optimize", tiny_onnx, {}, tmp_path / "fused")
+    model = onnx.load(str(fused.model_path))
+    roles = node_roles(model)
+    layers = int(fused.model_info["num_hidden_layers"])
+    assert sorted(roles.values()) == sorted(["attention", "ffn-in", "ffn-out", "other"] * layers)
+    ops = {n.name: n.op_type for n in model.graph.node}
+    assert all(ops[n] == "Attention" for n, r in roles.items() if r == "attention")
+    consumers = {i: n.op_type for n in model.graph.node for i in n.input}
+    # an FFN input MatMul feeds the (fused) GELU directly; the attention output feeds SkipLayerNormalization
+    assert all(consumers[next(n for n in model.graph.node if n.name == name).output[0]] in ("BiasGelu", "Gelu")
+               for name, r in roles.items() if r == "ffn-in")
