@@ -6,6 +6,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -24,3 +26,25 @@ def readme_stage_commands() -> list[list[str]]:
 def test_readme_block_is_found():
     commands = readme_stage_commands()
     assert [c[0] for c in commands][:4] == ["export", "prune", "optimize", "quantize"]
+
+
+@pytest.mark.slow
+def test_readme_stage_commands_run_as_written(tmp_path):
+    # the commands as a user would type them, in a fresh folder, each its own `bertopt` process
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for args in readme_stage_commands():
+        proc = subprocess.run([sys.executable, "-m", "bertopt.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"bertopt {' '.join(args)} failed:\n{proc.stderr[-2000:]}"
+    art = tmp_path / "artifacts"
+    assert sorted(p.name for p in art.iterdir()) == ["minilm-emb", "minilm-fp16", "minilm-fused", "minilm-int8",
+                                                     "minilm-onnx"]
+    manifest = json.loads((art / "minilm-int8" / "bertopt.json").read_text())
+    assert manifest["precision"] == "int8-dynamic"
+    assert [o["name"] for o in manifest["outputs"]] == ["sentence_embedding"]  # pruned to the embedding
+    assert manifest["lineage"]["parent"]["path"].endswith("minilm-fused")
