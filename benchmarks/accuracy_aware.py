@@ -2,8 +2,9 @@
 
 Builds (or reuses) MiniLM -> ONNX -> pruned -> BERT-fused fp32, then int8 variants of it: dynamic per-tensor and
 per-channel (plain), the accuracy-aware search alone, + SmoothQuant smoothing of the attention input, + the [CLS]
-rows of the FFN MatMuls in fp32 and per-token activation scaling, and finally the search on top of all of that
-(bertopt.stages.smoothing, bertopt.stages.accuracy_aware). For each: cosine mean/min of the sentence embedding
+rows of the FFN MatMuls in fp32 and per-token activation scaling, the search on top of all of that, and those
+last two steps again with GPTQ-rounded weights (bertopt.stages.smoothing, bertopt.stages.accuracy_aware,
+bertopt.stages.gptq). For each: cosine mean/min of the sentence embedding
 against PyTorch fp32 on the built-in corpus (the gate's reference; the search only sees the calibration text), and
 throughput on mixed-length English text (length-bucketed batches of 32), every contender measured in interleaved
 rounds (A B C ... A B C ...), medians reported.
@@ -68,6 +69,12 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool):
         # step 3: the accuracy-aware search on top of all of it
         "+ search (accuracy-aware)": stage("quantize", fp32, {**dyn, **outliers, "accuracy_target": target,
                                                               "accuracy_group": group}, work / "int8-outliers-aa"),
+        # step 2 and 3 again with GPTQ-rounded weights (same int8 kernels)
+        "+ first/per-token + GPTQ": stage("quantize", fp32, {**dyn, **outliers, "weight_rounding": "gptq"},
+                                          work / "int8-outliers-gptq"),
+        "+ GPTQ + search": stage("quantize", fp32, {**dyn, **outliers, "weight_rounding": "gptq",
+                                                    "accuracy_target": target, "accuracy_group": group},
+                                 work / "int8-outliers-gptq-aa"),
     }
     return fp32, variants
 
@@ -132,7 +139,9 @@ def main() -> None:
         # stricter share of the speedup's gain above 1x
         r["speedup_share"] = r["speedup_vs_ort_fp32"] / plain["speedup_vs_ort_fp32"]
         r["gain_share"] = (r["speedup_vs_ort_fp32"] - 1) / (plain["speedup_vs_ort_fp32"] - 1)
-    aa = by["+ search (accuracy-aware)"]
+    # the goal is judged on the better of the two searches: meets cos_min first, then the larger share
+    aa = max((by["+ search (accuracy-aware)"], by["+ GPTQ + search"]),
+             key=lambda r: (r["cos_min"] >= 0.995, r["speedup_share"]))
     goal = {"variant": aa["variant"], "cos_min_goal": 0.995, "cos_min": aa["cos_min"],
             "cos_min_met": aa["cos_min"] >= 0.995, "speedup_share_goal": 0.8,
             "speedup_share": aa["speedup_share"], "gain_share": aa["gain_share"],

@@ -193,7 +193,12 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
     from bertopt.runtime import Predictor
     from bertopt.stages.common import check_against
     from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
-    from bertopt.stages.quantize_int8 import load_calibration_texts, quantizable_nodes, quantize_model_file
+    from bertopt.stages.quantize_int8 import (
+        gptq_hessians,
+        load_calibration_texts,
+        quantizable_nodes,
+        quantize_model_file,
+    )
 
     targets = _targets(config, art)
     texts = load_calibration_texts(config)
@@ -223,14 +228,23 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
             save_onnx(model, src)
             cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate
 
+            hessians = gptq_hessians(art, model, config)  # once: every candidate shares them
+            gptq_reports: dict[str, dict] = {}
+            gptq_cache: dict = {}
+
             def build(kept: list[str], path: Path) -> None:
                 quantize_model_file(src, path, config, user_excluded + fp32_added + kept, texts, predictor,
                                     calibration_cache=cache)
+                if hessians is not None:
+                    from bertopt.stages.gptq import apply_gptq
+
+                    gptq_reports[str(path)] = apply_gptq(model, path, hessians, gptq_cache)
 
             evaluator = _Evaluator(art, texts)
             result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], tmp,
                                      costs=node_costs(model, [n for n, _ in candidates]))
             (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
+            chosen_gptq = gptq_reports.get(str(result["model"]))
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus())
@@ -241,6 +255,8 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
                          "accuracy_vs_parent": stats})
         if outliers is not None:
             w.report["outliers"] = outliers
+        if hessians is not None:
+            w.report["gptq"] = chosen_gptq
     return w.artifact
 
 

@@ -28,6 +28,9 @@ def _target_ok(value: str) -> str | None:
     return None
 
 
+WEIGHT_ROUNDINGS = ("nearest", "gptq")
+
+
 PARAMS = [
     Param("mode", str, "int8-dynamic", "Precision to produce.", choices=MODES),
     Param("per_channel", bool, True, "int8: one scale per output channel of each weight (more faithful than "
@@ -56,6 +59,9 @@ PARAMS = [
     Param("per_token", bool, False, "int8-dynamic: per-token activation scaling for weight MatMuls (each row divided "
           "by its max before the int8 MatMul and multiplied back), so one outlier token in a batch does not "
           "coarsen every other text's; costs a few elementwise ops per MatMul."),
+    Param("weight_rounding", str, "nearest", "int8-dynamic: how weights are rounded to int8: 'nearest', or "
+          "'gptq' (each rounding error compensated on the weights not yet rounded, weighted by the calibration "
+          "text's activations; same int8 format and speed, less output error).", choices=WEIGHT_ROUNDINGS),
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),

@@ -97,6 +97,21 @@ def load_calibration_texts(config) -> list[str]:
     return texts
 
 
+def gptq_hessians(art, model, config):
+    """Calibration statistics for ``--weight-rounding gptq`` (None for round-to-nearest): ``X^T X`` of every
+    weight's input in ``model`` (the graph about to be quantised), one calibration sentence at a time."""
+    if config.get("weight_rounding", "nearest") != "gptq":
+        return None
+    if config["mode"] != "int8-dynamic":
+        raise UserError("--weight-rounding gptq applies to --mode int8-dynamic; drop it for static int8")
+    from bertopt.runtime import Predictor
+    from bertopt.stages.gptq import input_hessians
+
+    predictor = Predictor(art, provider="cpu", verify=False)
+    feeds = [predictor.feeds_for(predictor.tokenize([t]))[0] for t in load_calibration_texts(config)]
+    return input_hessians(model, feeds)
+
+
 def prepare_outliers(art, model, config):
     """The configured outlier transforms (bertopt.stages.smoothing) on ``model``: returns (model, fp32 nodes added
     that must stay fp32, report section or None)."""
@@ -134,6 +149,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         op_types = [t for t in op_types if t != "Attention"]
     candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")
                   if n not in fp32_added]
+    hessians = gptq_hessians(art, model, config)
+    gptq_report = None
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
                         "check --op-types")
@@ -144,6 +161,10 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
             save_onnx(model, src)
             quantize_model_file(src, w.dir / "model.onnx", config, list(config["exclude_nodes"]) + fp32_added, calib,
                                 predictor)
+            if hessians is not None:
+                from bertopt.stages.gptq import apply_gptq
+
+                gptq_report = apply_gptq(model, w.dir / "model.onnx", hessians)
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus())
@@ -154,6 +175,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
                          "accuracy_vs_parent": stats})
         if outliers is not None:
             w.report["outliers"] = outliers
+        if gptq_report is not None:
+            w.report["gptq"] = gptq_report
         if config["mode"] == "int8-static":
             w.report["calibration"] = {"method": config["calibration_method"], "texts": len(calib),
                                        "source": config["calibration_data"] or "builtin calibration text"}

@@ -26,6 +26,7 @@ ROLES = ("attention", "ffn-in", "ffn-out", "other")
 # ops whose output is a GELU activation: fused (ORT transformers optimizer) or an exported exact GELU (has an Erf)
 _GELU_OPS = ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")
 _WEIGHT_OPS = ("MatMul", "Gemm", "Attention", "MatMulInteger", "QAttention")
+ROW_NORMALIZE_SUFFIX = "_RowNormalize"  # the Div of per_token_scaling; GPTQ traces it back to the raw rows
 
 
 def _near_gelu(start: str, step, limit: int = 4) -> bool:
@@ -230,7 +231,7 @@ def per_token_scaling(model, names: set[str]) -> None:
                                        axes=[-1], keepdims=1),
                       helper.make_node("Max", [f"{n}_row_max0", "bertopt_per_token_eps"], [f"{n}_row_max"],
                                        name=f"{n}_RowMaxFloor"),
-                      helper.make_node("Div", [x, f"{n}_row_max"], [f"{n}_row_x"], name=f"{n}_RowNormalize")]
+                      helper.make_node("Div", [x, f"{n}_row_max"], [f"{n}_row_x"], name=f"{n}{ROW_NORMALIZE_SUFFIX}")]
         node.input[0] = f"{n}_row_x"
         node.output[0] = f"{n}_row_y"
         new_nodes += [node, helper.make_node("Mul", [f"{n}_row_y", f"{n}_row_max"], [y], name=f"{n}_RowRescale")]

@@ -60,7 +60,8 @@ def test_kafka_sigkill_and_restart_answers_every_request(kafka, tiny_onnx, refer
         first_values = response_values(bodies[0])
         for body in bodies[1:]:
             assert body.keys() == bodies[0].keys()
-            np.testing.assert_array_equal(response_values(body), first_values, err_msg=f"id {rid!r}")
+            # another bridge may batch (and pad) the text differently: equal to float rounding, not bit for bit
+            np.testing.assert_allclose(response_values(body), first_values, rtol=0, atol=1e-6, err_msg=f"id {rid!r}")
     stats = read_final_stats(log3.read_text())
     assert stats["consumed"] > 0  # the outside SIGKILL left work for the restarted bridge
     assert stats["committed"] == stats["consumed"] and stats["errors"] == 0
