@@ -47,24 +47,13 @@ def weight_nodes(model) -> dict[str, str]:
 def input_hessians(model, feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``X^T X`` (float64) of each weight's activation input over every token of every feed (one sentence a
     feed, so no padding rows), keyed by weight name."""
-    import onnx
-    import onnxruntime as ort
+    from bertopt.stages.smoothing import probe_session
 
     wanted = weight_nodes(model)
     tensors = list(dict.fromkeys(wanted.values()))
     if not tensors:
         return {}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in existing:
-            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(probe.SerializeToString(), sess_options=options,
-                                   providers=["CPUExecutionProvider"])
+    session = probe_session(model, tensors)
     sums: dict[str, np.ndarray] = {}
     for feeds in feeds_list:
         for name, value in zip(tensors, session.run(tensors, feeds)):

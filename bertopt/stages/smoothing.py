@@ -88,18 +88,12 @@ def nodes_with_roles(model, roles) -> list[str]:
     return [name for name, role in node_roles(model).items() if role in roles]
 
 
-def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: list[str],
-                   skip_first_token: bool = False) -> dict[str, np.ndarray]:
-    """Per input channel max |X| of each named node's activation input over every feed (one sentence each);
-    with ``skip_first_token`` position 0 ([CLS]) is left out."""
+def probe_session(model, tensors: list[str]):
+    """An ONNX Runtime session of a copy of ``model`` that also outputs the intermediate ``tensors`` (calibration
+    statistics: activation maxima, GPTQ's input correlations)."""
     import onnx
     import onnxruntime as ort
 
-    graph = model.graph
-    nodes = {n.name: n for n in graph.node}
-    tensors = list(dict.fromkeys(nodes[n].input[0] for n in node_names))
-    if not tensors:
-        return {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     existing = {o.name for o in probe.graph.output}
@@ -110,8 +104,19 @@ def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: l
     options.log_severity_level = 3
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(probe.SerializeToString(), sess_options=options,
-                                   providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: list[str],
+                   skip_first_token: bool = False) -> dict[str, np.ndarray]:
+    """Per input channel max |X| of each named node's activation input over every feed (one sentence each);
+    with ``skip_first_token`` position 0 ([CLS]) is left out."""
+    graph = model.graph
+    nodes = {n.name: n for n in graph.node}
+    tensors = list(dict.fromkeys(nodes[n].input[0] for n in node_names))
+    if not tensors:
+        return {}
+    session = probe_session(model, tensors)
     maxima: dict[str, np.ndarray] = {}
     for feeds in feeds_list:
         for name, value in zip(tensors, session.run(tensors, feeds)):
