@@ -137,16 +137,12 @@ def main(argv=None) -> int:
 def study_contenders(built, exported, fastest, threads, batch_size):
     """Variants isolating one optimisation step each."""
     from bertopt.artifact import Artifact
-    from bertopt.bench import Contender
-    from bertopt.runtime import Predictor
     from bertopt.runtime.openvino_backend import OpenVinoSession
 
+    def wrap(name, art, session=None, **kw):
+        return artifact_contender(name, art, threads, batch_size, session=session, **kw)
+
     out = []
-
-    def wrap(name, art, session, **kw):
-        pred = Predictor(art, session=session, batch_size=batch_size, **kw)
-        return Contender(name, pred, {"artifact": str(art.path), "precision": art.precision, **pred.describe()})
-
     for recipe, label in (("minilm-fp32-optimized", "ORT fp32 optimised"), ("minilm-int8-cpu", "ORT int8 dynamic")):
         art = built[recipe]
         out.append(wrap(f"{label} +spinning", art, OrtVariant(art, threads, spinning=True)))
@@ -158,9 +154,7 @@ def study_contenders(built, exported, fastest, threads, batch_size):
     tput = Artifact(fastest.path, {**fastest.manifest, "runtime_options": {**fastest.manifest["runtime_options"],
                                                                            "performance_hint": "THROUGHPUT"}})
     out.append(wrap("OpenVINO bf16 THROUGHPUT hint", tput, OpenVinoSession(tput, threads=threads)))
-    pred = Predictor(fastest, provider="cpu", threads=threads, batch_size=batch_size, length_bucketing=False)
-    out.append(Contender("bertopt fastest, no bucketing", pred, {"artifact": str(fastest.path),
-                                                                 "precision": fastest.precision, **pred.describe()}))
+    out.append(wrap("bertopt fastest, no bucketing", fastest, length_bucketing=False))
     return out
 
 

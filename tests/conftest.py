@@ -33,6 +33,14 @@ def tiny_onnx(tiny_hf, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_optimized(tiny_onnx, tmp_path_factory):
+    """The tiny BERT after 'optimize' (ONNX Runtime's BERT fusions: Attention, SkipLayerNormalization, ...)."""
+    from bertopt.registry import run_stage
+
+    return run_stage("optimize", tiny_onnx, {}, tmp_path_factory.mktemp("tiny-optimized") / "art")
+
+
+@pytest.fixture(scope="session")
 def minilm_onnx(tmp_path_factory):
     """The real all-MiniLM-L6-v2 exported to ONNX (shared by the slow tests)."""
     from bertopt.registry import run_stage

@@ -194,7 +194,7 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
     from bertopt.stages.common import check_against
     from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
     from bertopt.stages.quantize_int8 import (
-        gptq_hessians,
+        calibration_statistics,
         load_calibration_texts,
         quantizable_nodes,
         quantize_model_file,
@@ -209,10 +209,10 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
         op_types = [t for t in op_types if t != "Attention"]  # fused Attention has no QDQ kernel
     user_excluded = list(config["exclude_nodes"])
     from bertopt.stages.quantize import _ensure_node_names
-    from bertopt.stages.quantize_int8 import prepare_outliers
 
     _ensure_node_names(model.graph)  # exclusion works by node name
-    model, fp32_added, outliers = prepare_outliers(art, model, config)
+    # measured once: every candidate model of the search shares the transforms and GPTQ's statistics
+    model, fp32_added, outliers, hessians = calibration_statistics(art, model, config)
     static = config["mode"] == "int8-static"
     candidates = [(n, op) for n, op in quantizable_nodes(model, op_types, weights_only=not static)
                   if n not in user_excluded and n not in fp32_added]
@@ -228,7 +228,6 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
             save_onnx(model, src)
             cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate
 
-            hessians = gptq_hessians(art, model, config)  # once: every candidate shares them
             gptq_reports: dict[str, dict] = {}
             gptq_cache: dict = {}
 

@@ -97,31 +97,39 @@ def load_calibration_texts(config) -> list[str]:
     return texts
 
 
-def gptq_hessians(art, model, config):
-    """Calibration statistics for ``--weight-rounding gptq`` (None for round-to-nearest): ``X^T X`` of every
-    weight's input in ``model`` (the graph about to be quantised), one calibration sentence at a time."""
-    if config.get("weight_rounding", "nearest") != "gptq":
-        return None
-    if config["mode"] != "int8-dynamic":
-        raise UserError("--weight-rounding gptq applies to --mode int8-dynamic; drop it for static int8")
+def sentence_feeds(art, texts: list[str]) -> list[dict]:
+    """Model feeds of ``texts``, one sentence each (no padding, so [PAD] positions never enter a statistic):
+    what smoothing maxima and GPTQ's input correlations are measured on."""
     from bertopt.runtime import Predictor
-    from bertopt.stages.gptq import input_hessians
 
     predictor = Predictor(art, provider="cpu", verify=False)
-    feeds = [predictor.feeds_for(predictor.tokenize([t]))[0] for t in load_calibration_texts(config)]
-    return input_hessians(model, feeds)
+    return [predictor.feeds_for(predictor.tokenize([t]))[0] for t in texts]
 
 
-def prepare_outliers(art, model, config):
-    """The configured outlier transforms (bertopt.stages.smoothing) on ``model``: returns (model, fp32 nodes added
-    that must stay fp32, report section or None)."""
+def calibration_statistics(art, model, config):
+    """What the outlier transforms and GPTQ need from the calibration text, measured once: returns
+    (model after the configured outlier transforms, fp32 nodes they added, their report section or None,
+    GPTQ's ``X^T X`` per weight of the transformed model or None for round-to-nearest)."""
     from bertopt.stages.smoothing import outlier_transforms_wanted, prepare_for_int8
 
-    if not outlier_transforms_wanted(config):
-        return model, [], None
+    transforms = outlier_transforms_wanted(config)
+    gptq = config.get("weight_rounding", "nearest") == "gptq"
     if config["per_token"] and config["mode"] != "int8-dynamic":
         raise UserError("--per-token applies to --mode int8-dynamic only; drop it for static int8")
-    return prepare_for_int8(art, model, config, load_calibration_texts(config))
+    if gptq and config["mode"] != "int8-dynamic":
+        raise UserError("--weight-rounding gptq applies to --mode int8-dynamic; drop it for static int8")
+    if not (transforms or gptq):
+        return model, [], None, None
+    feeds = sentence_feeds(art, load_calibration_texts(config))
+    fp32_added, outliers = [], None
+    if transforms:
+        model, fp32_added, outliers = prepare_for_int8(model, config, feeds)
+    hessians = None
+    if gptq:
+        from bertopt.stages.gptq import input_hessians
+
+        hessians = input_hessians(model, feeds)
+    return model, fp32_added, outliers, hessians
 
 
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
@@ -139,7 +147,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         return search_int8_fallback(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)
     before = graph_stats(model)
-    model, fp32_added, outliers = prepare_outliers(art, model, config)
+    model, fp32_added, outliers, hessians = calibration_statistics(art, model, config)
     calib = None
     predictor = None
     op_types = list(config["op_types"])
@@ -149,7 +157,6 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         op_types = [t for t in op_types if t != "Attention"]
     candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")
                   if n not in fp32_added]
-    hessians = gptq_hessians(art, model, config)
     gptq_report = None
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "

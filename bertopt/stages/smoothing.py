@@ -249,20 +249,17 @@ def outlier_transforms_wanted(config) -> bool:
                 or config.get("per_token"))
 
 
-def prepare_for_int8(art, model, config, texts: list[str]):
+def prepare_for_int8(model, config, feeds: list[dict[str, np.ndarray]]):
     """Apply the configured outlier transforms (smoothing, first token in fp32, per-token scaling) to a copy of
-    ``model``; checks the fp32 result still computes the same function. Returns (model, fp32 node names that must
-    not be quantised, report)."""
+    ``model``, measuring activations on ``feeds`` (calibration sentences, one each); checks the fp32 result still
+    computes the same function. Returns (model, fp32 node names that must not be quantised, report)."""
     import onnx
 
     from bertopt.errors import UserError
-    from bertopt.runtime import Predictor
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
     roles = node_roles(model)
-    predictor = Predictor(art, provider="cpu", verify=False)
-    feeds = [predictor.feeds_for(predictor.tokenize([t]))[0] for t in texts]
     report: dict[str, Any] = {}
     split = ({n for n, r in roles.items() if r in ("ffn-in", "ffn-out")} if config.get("first_token_fp32")
              else set())
@@ -278,7 +275,7 @@ def prepare_for_int8(art, model, config, texts: list[str]):
         rest = channel_absmax(model, feeds, [n for n in names if n in split], skip_first_token=True)
         rows = smooth_model(out, {**whole, **rest}, config["smooth_alpha"])
         report["smoothing"] = {"alpha": config["smooth_alpha"], "roles": list(config["smooth_roles"]),
-                               "calibration_texts": len(texts), "smoothed": rows}
+                               "calibration_texts": len(feeds), "smoothed": rows}
     fp32_nodes = split_first_token(out, split) if split else []
     if split:
         report["first_token_fp32"] = sorted(split)

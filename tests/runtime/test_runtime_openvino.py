@@ -90,8 +90,8 @@ def test_compile_for_onnxruntime_records_it(tiny_onnx, tmp_path):
     assert art.runtime == "onnxruntime" and Predictor(art.path).session.backend == "onnxruntime"
 
 
-def test_compile_refuses_fused_onnxruntime_graph(tiny_onnx, tmp_path, cli):
-    fused = run_stage("optimize", tiny_onnx, {}, tmp_path / "fused")
+def test_compile_refuses_fused_onnxruntime_graph(tiny_optimized, tmp_path, cli):
+    fused = tiny_optimized
     out = tmp_path / "ov"
     code, _, err = cli("compile", fused.path, "--out", out)
     assert code == 2

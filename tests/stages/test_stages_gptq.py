@@ -45,14 +45,9 @@ def test_gptq_with_uncorrelated_inputs_is_round_to_nearest():
     assert np.array_equal(gptq_round(w, scale, h), np.clip(np.round(w / scale), -QMAX, QMAX).astype(np.int8))
 
 
-@pytest.fixture(scope="module")
-def fused(tiny_onnx, tmp_path_factory):
-    return run_stage("optimize", tiny_onnx, {}, tmp_path_factory.mktemp("gptq") / "fused")
-
-
-def test_quantize_with_gptq_changes_only_the_int8_values(fused, tmp_path):
-    nearest = run_stage("quantize", fused, {"mode": "int8-dynamic"}, tmp_path / "nearest")
-    gptq = run_stage("quantize", fused, {"mode": "int8-dynamic", "weight_rounding": "gptq"}, tmp_path / "gptq")
+def test_quantize_with_gptq_changes_only_the_int8_values(tiny_optimized, tmp_path):
+    nearest = run_stage("quantize", tiny_optimized, {"mode": "int8-dynamic"}, tmp_path / "nearest")
+    gptq = run_stage("quantize", tiny_optimized, {"mode": "int8-dynamic", "weight_rounding": "gptq"}, tmp_path / "gptq")
     a, b = (onnx.load(str(art.model_path)) for art in (nearest, gptq))
     assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]  # same graph, same kernels
     ia = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
@@ -71,7 +66,7 @@ def test_quantize_with_gptq_changes_only_the_int8_values(fused, tmp_path):
     assert stats["cos_mean"] > 0.99
 
 
-def test_gptq_is_for_dynamic_int8(fused, tmp_path):
+def test_gptq_is_for_dynamic_int8(tiny_optimized, tmp_path):
     with pytest.raises(UserError, match="--weight-rounding gptq applies to --mode int8-dynamic"):
-        run_stage("quantize", fused, {"mode": "int8-static", "weight_rounding": "gptq"}, tmp_path / "x")
+        run_stage("quantize", tiny_optimized, {"mode": "int8-static", "weight_rounding": "gptq"}, tmp_path / "x")
     assert not (tmp_path / "x").exists()

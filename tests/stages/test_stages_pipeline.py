@@ -86,11 +86,6 @@ def test_optimize_fuses_bert_ops_and_keeps_outputs(tiny_onnx, tmp_path):
     assert "Attention" in ops and "Softmax" not in ops
 
 
-@pytest.fixture(scope="module")
-def tiny_optimized(tiny_onnx, tmp_path_factory):
-    return run_stage("optimize", tiny_onnx, {}, tmp_path_factory.mktemp("opt") / "o")
-
-
 def test_fp16_keeps_io_fp32_and_sensitive_ops_fp32(tiny_optimized, tmp_path):
     art = run_stage("quantize", tiny_optimized, {"mode": "fp16"}, tmp_path / "f")
     assert art.precision == "fp16"

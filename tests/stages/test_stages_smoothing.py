@@ -130,10 +130,10 @@ def test_bad_outlier_settings_are_user_errors(tiny_onnx, tmp_path):
     assert not any((tmp_path / d).exists() for d in "abcd")
 
 
-def test_roles_in_the_fused_graph(tiny_onnx, tmp_path):
+def test_roles_in_the_fused_graph(tiny_optimized):
     # after 'optimize' the attention output projection reaches the next FFN's GELU through SkipLayerNormalization
     # and the FFN input MatMul; it must not be taken for an FFN input (first-token / per-token work is costly)
-    fused = run_stage("optimize", tiny_onnx, {}, tmp_path / "fused")
+    fused = tiny_optimized
     model = onnx.load(str(fused.model_path))
     roles = node_roles(model)
     layers = int(fused.model_info["num_hidden_layers"])
