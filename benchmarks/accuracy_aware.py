@@ -4,7 +4,9 @@ Builds (or reuses) MiniLM -> ONNX -> pruned -> BERT-fused fp32, then int8 varian
 per-channel (plain), the accuracy-aware search alone, + SmoothQuant smoothing of the attention input, + the [CLS]
 rows of the FFN MatMuls in fp32 and per-token activation scaling, the search on top of all of that, and those
 last two steps again with GPTQ-rounded weights (bertopt.stages.smoothing, bertopt.stages.accuracy_aware,
-bertopt.stages.gptq). For each: cosine mean/min of the sentence embedding
+bertopt.stages.gptq), and the OpenVINO path made from the pruned (un-fused) model: bf16 for scale, int8 weights
+with activations quantised per token in groups of 32 channels (nearest, GPTQ, GPTQ + search;
+bertopt.stages.quantize_openvino). For each: cosine mean/min of the sentence embedding
 against PyTorch fp32 on the built-in corpus (the gate's reference; the search only sees the calibration text), and
 throughput on mixed-length English text (length-bucketed batches of 32), every contender measured in interleaved
 rounds (A B C ... A B C ...), medians reported.
@@ -75,6 +77,15 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool):
         "+ GPTQ + search": stage("quantize", fp32, {**dyn, **outliers, "weight_rounding": "gptq",
                                                     "accuracy_target": target, "accuracy_group": group},
                                  work / "int8-outliers-gptq-aa"),
+        # OpenVINO from the un-fused pruned model: bf16 for scale, then int8 weights with activations quantised
+        # per token in groups of 32 channels inside the int8 MatMul (bertopt.stages.quantize_openvino)
+        "openvino bf16 (no int8)": stage("compile", pruned, {"runtime": "openvino"}, work / "ov-bf16"),
+        "openvino int8": stage("quantize", pruned, {**dyn, "runtime": "openvino"}, work / "ov-int8"),
+        "openvino int8 + GPTQ": stage("quantize", pruned, {**dyn, "runtime": "openvino", "weight_rounding": "gptq"},
+                                      work / "ov-int8-gptq"),
+        "openvino + GPTQ + search": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+                                                               "weight_rounding": "gptq", "accuracy_target": target,
+                                                               "accuracy_group": group}, work / "ov-int8-gptq-aa"),
     }
     return fp32, variants
 
@@ -139,28 +150,33 @@ def main() -> None:
         # stricter share of the speedup's gain above 1x
         r["speedup_share"] = r["speedup_vs_ort_fp32"] / plain["speedup_vs_ort_fp32"]
         r["gain_share"] = (r["speedup_vs_ort_fp32"] - 1) / (plain["speedup_vs_ort_fp32"] - 1)
-    # the goal is judged on the better of the two searches: meets cos_min first, then the larger share
-    aa = max((by["+ search (accuracy-aware)"], by["+ GPTQ + search"]),
+    # the goal is judged on the best of the searches: meets cos_min first, then the larger share
+    aa = max((by["+ search (accuracy-aware)"], by["+ GPTQ + search"], by["openvino + GPTQ + search"]),
              key=lambda r: (r["cos_min"] >= 0.995, r["speedup_share"]))
     goal = {"variant": aa["variant"], "cos_min_goal": 0.995, "cos_min": aa["cos_min"],
             "cos_min_met": aa["cos_min"] >= 0.995, "speedup_share_goal": 0.8,
             "speedup_share": aa["speedup_share"], "gain_share": aa["gain_share"],
-            "speedup_share_met": aa["speedup_share"] >= 0.8}
+            "speedup_share_met": aa["speedup_share"] >= 0.8,
+            # the same runtime's own plain int8 and bf16, so a runtime's head start is visible
+            "share_of_openvino_int8": aa["texts_per_s"] / by["openvino int8"]["texts_per_s"],
+            "share_of_openvino_bf16": aa["texts_per_s"] / by["openvino bf16 (no int8)"]["texts_per_s"]}
 
-    head = (f"{'variant':27} {'cos mean':>9} {'cos min':>8} {'texts/s':>8} {'x PT fp32':>9} {'x ORT fp32':>10} "
+    head = (f"{'variant':28} {'cos mean':>9} {'cos min':>8} {'texts/s':>8} {'x PT fp32':>9} {'x ORT fp32':>10} "
             f"{'share':>6} {'gain sh':>7} {'kept fp32':>9}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         kept = "-" if r["kept_fp32"] is None else str(r["kept_fp32"])
-        print(f"{r['variant']:27} {r['cos_mean']:9.5f} {r['cos_min']:8.5f} {r['texts_per_s']:8.1f} "
+        print(f"{r['variant']:28} {r['cos_mean']:9.5f} {r['cos_min']:8.5f} {r['texts_per_s']:8.1f} "
               f"{r['speedup_vs_pytorch_fp32']:9.2f} {r['speedup_vs_ort_fp32']:10.2f} {r['speedup_share']:6.0%} "
               f"{r['gain_share']:7.0%} {kept:>9}")
-    search = variants["+ search (accuracy-aware)"].lineage["report"]["accuracy_search"]
+    search = variants[aa["variant"]].lineage["report"]["accuracy_search"]
     print(f"\naccuracy-aware: target {search['target']} on {search['measured_on']}; {search['evaluations']} "
           f"evaluations in {search['search_s']} s; kept fp32: {', '.join(aa['kept_fp32_nodes']) or 'none'}")
     print(f"goal: cos_min {aa['cos_min']:.5f} >= 0.995: {goal['cos_min_met']}; share of plain int8's speedup "
           f"{goal['speedup_share']:.0%} (ratio of speedups; {goal['gain_share']:.0%} of the gain above 1x) "
           f">= 80%: {goal['speedup_share_met']}")
+    print(f"      its throughput is {goal['share_of_openvino_int8']:.0%} of OpenVINO int8 (nearest rounding, no "
+          f"search) and {goal['share_of_openvino_bf16']:.0%} of OpenVINO bf16")
 
     result = {"benchmark": "accuracy_aware", "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
               "settings": {"target": args.target, "group": args.group, "alpha": args.alpha, "rounds": args.rounds,

@@ -62,6 +62,16 @@ def minilm_int8(minilm_optimized, tmp_path_factory):
     return run_stage("quantize", minilm_optimized, {"mode": "int8-dynamic"}, tmp_path_factory.mktemp("minilm") / "int8")
 
 
+@pytest.fixture(scope="module")
+def private_openvino_cache(tmp_path_factory):
+    """OpenVINO's compiled-model cache in a temp folder, not the user's ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("ov-cache")
+    mp.setenv("BERTOPT_CACHE_DIR", str(cache))
+    yield cache
+    mp.undo()
+
+
 def run_cli(args: list[str], capsys=None) -> tuple[int, str, str]:
     """Run the real CLI entry point in-process; returns (exit code, stdout, stderr)."""
     from bertopt.cli import main

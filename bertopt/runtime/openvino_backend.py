@@ -51,6 +51,10 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
         config["INFERENCE_PRECISION_HINT"] = precision
     if hint == "LATENCY":
         config["NUM_STREAMS"] = 1
+    group = options.get("dynamic_quantization_group_size")
+    if group is not None:
+        # int8-weight MatMuls: activations quantised to int8 per token, per group of channels (0 = stay float)
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(group)
     if options.get("cache", True):
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)

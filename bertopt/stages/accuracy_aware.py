@@ -47,12 +47,17 @@ def _targets(config, art) -> list:
 
 
 class _Evaluator:
-    """Runs candidate model files on the calibration text and compares them with the fp32 parent's outputs."""
+    """Runs candidate model files on the calibration text and compares them with the fp32 parent's outputs, on the
+    runtime the result will be served with (ONNX Runtime, or OpenVINO with ``runtime_options``)."""
 
-    def __init__(self, art, texts: list[str]):
+    def __init__(self, art, texts: list[str], runtime: str = "onnxruntime",
+                 runtime_options: dict[str, Any] | None = None):
         from bertopt.runtime import Predictor
 
         self.art = art
+        self.runtime = runtime
+        # no blob cache: every candidate is a different model compiled once
+        self.runtime_options = {**(runtime_options or {}), "cache": False}
         self.texts = texts
         self.primary = art.model_info.get("primary_output") or art.outputs[-1]["name"]
         self.kinds = {o["name"]: o.get("kind", "embedding") for o in art.outputs}
@@ -63,11 +68,19 @@ class _Evaluator:
         from types import SimpleNamespace
 
         from bertopt.runtime import Predictor
-        from bertopt.runtime.backends import OrtSession
         from bertopt.validate.compare import compare_runs
 
-        file = SimpleNamespace(model_path=Path(model_path))  # OrtSession only needs the model file's path
-        predictor = Predictor(self.art, session=OrtSession(file, provider="cpu"), verify=False)
+        # a session only needs the model file's path (and OpenVINO its options)
+        file = SimpleNamespace(model_path=Path(model_path), manifest={"runtime_options": self.runtime_options})
+        if self.runtime == "openvino":
+            from bertopt.runtime.openvino_backend import OpenVinoSession
+
+            session = OpenVinoSession(file, provider="cpu")
+        else:
+            from bertopt.runtime.backends import OrtSession
+
+            session = OrtSession(file, provider="cpu")
+        predictor = Predictor(self.art, session=session, verify=False)
         got = predictor.run(self.texts)
         self.evaluations += 1
         stats = compare_runs(got, self.reference, self.kinds)

@@ -10,8 +10,8 @@ from bertopt.artifact import Artifact
 def staged(writer) -> Artifact:
     """A view of the artifact being written (temp folder), for self-checks before it is renamed into place."""
     m = writer._model
-    return Artifact(writer.dir, {**m, "model": writer.model_info, "runtime": writer.runtime, "digest": "staging",
-                                 "files": {}})
+    return Artifact(writer.dir, {**m, "model": writer.model_info, "runtime": writer.runtime, **writer.extra,
+                                 "digest": "staging", "files": {}})
 
 
 def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None) -> dict[str, Any]:

@@ -57,14 +57,15 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     options: dict[str, Any] = {}
     precision = art.precision
     if config["runtime"] == "openvino":
-        model = load_onnx(art.model_path)
-        fused = sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+        fused = ort_contrib_ops(load_onnx(art.model_path))
         if fused:
             raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO "
                             "cannot read; compile the exported or pruned artifact (before 'optimize') instead")
-        del model
         options = {"inference_precision": config["inference_precision"],
                    "performance_hint": config["performance_hint"]}
+        group = (art.manifest.get("runtime_options") or {}).get("dynamic_quantization_group_size")
+        if group is not None:  # an OpenVINO int8 parent keeps its activation quantisation
+            options["dynamic_quantization_group_size"] = group
         precision = _precision_label(art.precision, config["inference_precision"])
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
@@ -88,10 +89,15 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     return w.artifact
 
 
+def ort_contrib_ops(model) -> list[str]:
+    """The ONNX Runtime fused operator types in ``model``, which OpenVINO's ONNX frontend cannot read."""
+    return sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+
+
 def _precision_label(parent: str, inference_precision: str) -> str:
     compute = {"auto": "auto", "bf16": "bf16", "f32": "fp32"}[inference_precision]
     if parent.startswith("int8"):
-        return f"{parent}+{compute}"  # int8 MatMuls, the rest in the chosen float precision
+        return f"{parent.split('+')[0]}+{compute}"  # int8 MatMuls, the rest in the chosen float precision
     return compute
 
 

@@ -127,6 +127,11 @@ def apply_gptq(fp32_model, quantized_path: Path, hessians: dict[str, np.ndarray]
         rows.append({"weight": name, "error_nearest": before, "error_gptq": after,
                      "error_ratio": after / before if before else 1.0})
     save_onnx(quantized, quantized_path)
+    return report_section(rows)
+
+
+def report_section(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``gptq`` section from per-weight rows (weight, error_nearest, error_gptq, error_ratio)."""
     ratios = [r["error_ratio"] for r in rows]
     return {"weights": len(rows), "median_error_ratio": float(np.median(ratios)) if ratios else None,
             "note": "error = sum over calibration tokens of ||X (W - W_int8)||^2; ratio = GPTQ / nearest",

@@ -29,6 +29,14 @@ def _target_ok(value: str) -> str | None:
 
 
 WEIGHT_ROUNDINGS = ("nearest", "gptq")
+INT8_RUNTIMES = ("onnxruntime", "openvino")
+
+
+def _compile_param(name: str) -> Param:
+    """A parameter the compile stage declares (same meaning here: the OpenVINO execution it records)."""
+    from bertopt.stages.compile import PARAMS as COMPILE_PARAMS
+
+    return next(p for p in COMPILE_PARAMS if p.name == name)
 
 
 PARAMS = [
@@ -62,6 +70,16 @@ PARAMS = [
     Param("weight_rounding", str, "nearest", "int8-dynamic: how weights are rounded to int8: 'nearest', or "
           "'gptq' (each rounding error compensated on the weights not yet rounded, weighted by the calibration "
           "text's activations; same int8 format and speed, less output error).", choices=WEIGHT_ROUNDINGS),
+    Param("runtime", str, "onnxruntime", "int8-dynamic: the runtime the int8 model is made for. onnxruntime: "
+          "int8 operators, one activation scale per batch matrix. openvino: int8 weights (per channel) that "
+          "OpenVINO runs with activations quantised per token in groups of --activation-group-size channels "
+          "(far more faithful at the same speed); takes the exported or pruned ONNX, before 'optimize'.",
+          choices=INT8_RUNTIMES),
+    Param("activation_group_size", int, 32, "int8 with --runtime openvino: channels per activation scale (each "
+          "token's activations are quantised to int8 in groups this wide inside the MatMul); 0 keeps activations "
+          "in the float precision (weights-only int8).",
+          check=lambda v: None if v >= 0 else "must be 0 (off) or a positive channel count"),
+    _compile_param("inference_precision"),
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
@@ -78,6 +96,10 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         from bertopt.tf.fp16 import quantize_tf_fp16
 
         return quantize_tf_fp16(art, config, out_dir, overwrite)
+    if config["runtime"] == "openvino":
+        from bertopt.stages.quantize_openvino import quantize_int8_openvino
+
+        return quantize_int8_openvino(art, config, out_dir, overwrite)
     if config["mode"] == "fp16":
         return quantize_fp16(art, config, out_dir, overwrite)
     from bertopt.stages.quantize_int8 import quantize_int8

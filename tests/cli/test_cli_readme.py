@@ -16,7 +16,7 @@ def readme_stage_commands() -> list[list[str]]:
     section = text.split("## Stage by stage", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = []
-    for line in block.splitlines():
+    for line in block.replace("\\\n", " ").splitlines():  # a trailing backslash continues the command
         line = line.split("#", 1)[0].strip()
         if line.startswith("bertopt "):
             commands.append(shlex.split(line)[1:])
@@ -43,8 +43,11 @@ def test_readme_stage_commands_run_as_written(tmp_path):
         assert proc.returncode == 0, f"bertopt {' '.join(args)} failed:\n{proc.stderr[-2000:]}"
     art = tmp_path / "artifacts"
     assert sorted(p.name for p in art.iterdir()) == ["minilm-emb", "minilm-fp16", "minilm-fused", "minilm-int8",
-                                                     "minilm-onnx"]
+                                                     "minilm-int8-openvino", "minilm-onnx"]
     manifest = json.loads((art / "minilm-int8" / "bertopt.json").read_text())
     assert manifest["precision"] == "int8-dynamic"
     assert [o["name"] for o in manifest["outputs"]] == ["sentence_embedding"]  # pruned to the embedding
     assert manifest["lineage"]["parent"]["path"].endswith("minilm-fused")
+    accurate = json.loads((art / "minilm-int8-openvino" / "bertopt.json").read_text())
+    assert accurate["runtime"] == "openvino" and accurate["precision"].startswith("int8-dynamic")
+    assert accurate["lineage"]["report"]["accuracy_vs_parent"]["sentence_embedding"]["cos_min"] >= 0.995

@@ -17,13 +17,7 @@ from bertopt.runtime import Predictor
 pytest.importorskip("openvino")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    cache = tmp_path_factory.mktemp("ov-cache")
-    mp.setenv("BERTOPT_CACHE_DIR", str(cache))
-    yield cache
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +108,9 @@ def test_openvino_refuses_gpu_provider(ov_f32):
         Predictor(ov_f32.path, provider="cuda")
 
 
-def test_openvino_caches_compiled_model(ov_f32, _private_cache):
+def test_openvino_caches_compiled_model(ov_f32, private_openvino_cache):
     Predictor(ov_f32.path)
-    assert any(p.is_file() for p in (_private_cache / "openvino").rglob("*"))
+    assert any(p.is_file() for p in (private_openvino_cache / "openvino").rglob("*"))
 
 
 def test_openvino_session_is_thread_safe(ov_f32, texts):

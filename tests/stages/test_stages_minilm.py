@@ -70,3 +70,23 @@ def test_prune_to_sentence_embedding_only(minilm_onnx, tmp_path):
     assert [o["name"] for o in art.outputs] == ["sentence_embedding"]
     rep = art.lineage["report"]
     assert rep["after"]["nodes"] < rep["before"]["nodes"]
+
+
+def test_accuracy_aware_int8_for_openvino_meets_the_issue_target(minilm_onnx, minilm_int8, tmp_path,
+                                                                  pytorch_outputs):
+    """Issue 4's accuracy half on the real model: accuracy-aware int8 at cosine min >= 0.995 against PyTorch fp32
+    on the built-in corpus, where plain ONNX Runtime int8 gives ~0.96 (the speed half is
+    benchmarks/accuracy_aware.py: ratios are never timed in tests)."""
+    art = run_stage("quantize", minilm_onnx, {"mode": "int8-dynamic", "runtime": "openvino",
+                                              "weight_rounding": "gptq", "accuracy_target": "cos_min=0.997"},
+                    tmp_path / "ov-int8")
+    model = onnx.load(str(art.model_path))
+    int8_weights = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
+    assert len(int8_weights) >= 6 * 6 - len(art.lineage["report"]["kept_fp32_nodes"])  # Q K V O FFN-in FFN-out
+    ref = pytorch_outputs["sentence_embedding"]
+
+    def cos_min(emb):
+        return float(((emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)).min())
+
+    assert cos_min(Predictor(art).encode(corpus())) >= 0.995
+    assert cos_min(Predictor(minilm_int8).encode(corpus())) < 0.99  # the problem it solves

@@ -1,0 +1,230 @@
+"""int8 for the OpenVINO runtime: int8 weights in the ONNX file, activations quantised by OpenVINO at run time
+per token, in groups of ``activation_group_size`` channels.
+
+``quantize --mode int8-dynamic --runtime openvino`` rewrites every weight MatMul of an un-fused ONNX model as
+``MatMul(x, DequantizeLinear(W_int8, scale))`` with one symmetric scale per output channel (round-to-nearest or
+GPTQ rounding). OpenVINO's CPU plugin reads that pattern as a FullyConnected layer with compressed int8 weights
+and, with ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` set, quantises each token's activations to int8 per group of
+channels inside the GEMM (VNNI int8 compute). The manifest records ``runtime: openvino`` and those options, so
+every Predictor built on the artifact (validate, bench, Spark, the server) runs exactly this.
+
+Why a second int8 path: ONNX Runtime's dynamic int8 uses one activation scale for the whole batch matrix, so a
+single outlier token ([CLS]) or channel coarsens every other value; on the bundled MiniLM that costs cosine min
+0.96, and the ONNX graph rewrites that fix it (per-token scaling, smoothing) cost 15-25% of the speed. A
+per-token, per-group activation scale inside the int8 kernel removes that error at no extra passes
+(docs/quantization.md has the measurements).
+
+With ``--accuracy-target`` the search of :mod:`bertopt.stages.accuracy_aware` keeps the most sensitive weights
+fp32 (plain MatMul, run in the chosen float precision) until the target holds.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertopt.errors import UserError
+
+QMAX = 127  # symmetric int8 weights on [-127, 127], zero point 0 (the same grid as ONNX Runtime's quantiser)
+MIN_OPSET = 13  # per-axis DequantizeLinear
+# ONNX graph rewrites for ONNX Runtime's one-scale-per-matrix activations; OpenVINO's per-token groups replace them
+_ORT_ONLY = {"per_token": "--per-token", "first_token_fp32": "--first-token-fp32", "smooth_alpha": "--smooth-alpha"}
+
+
+def runtime_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``runtime_options`` for an OpenVINO int8 artifact."""
+    return {"inference_precision": config["inference_precision"], "performance_hint": "LATENCY",
+            "dynamic_quantization_group_size": int(config["activation_group_size"])}
+
+
+def check_config(art, model, config: dict[str, Any]) -> None:
+    """Refuse, with the fix, what this path cannot do."""
+    if config["mode"] != "int8-dynamic":
+        raise UserError("--runtime openvino quantises with --mode int8-dynamic (int8 weights, activations quantised "
+                        "at run time); for static int8 quantise with --runtime onnxruntime and run "
+                        "'bertopt compile --runtime openvino' on the result")
+    used = [flag for key, flag in _ORT_ONLY.items() if config.get(key)]
+    if used:
+        raise UserError(f"{', '.join(used)} rewrite the graph for ONNX Runtime's one-scale-per-matrix activations; "
+                        "OpenVINO quantises activations per token in groups of --activation-group-size channels, "
+                        "so drop them with --runtime openvino")
+    if not config["per_channel"]:
+        raise UserError("--runtime openvino stores int8 weights with one scale per output channel; drop "
+                        "--no-per-channel")
+    if "MatMul" not in config["op_types"]:
+        raise UserError("--runtime openvino quantises weight MatMuls; keep MatMul in --op-types")
+    from bertopt.stages.compile import ort_contrib_ops
+
+    fused = ort_contrib_ops(model)
+    if fused:
+        raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO cannot "
+                        "read; quantise the exported or pruned artifact (before 'optimize') with --runtime openvino")
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < MIN_OPSET:
+        raise UserError(f"{art.path} uses ONNX opset {opset}; per-channel int8 weights need opset {MIN_OPSET} or "
+                        f"newer: re-export with 'bertopt export ... --opset 17'")
+
+
+def weight_matmuls(model) -> list[tuple[str, str]]:
+    """(node name, weight initialiser) of every MatMul whose second input is a 2-D float initialiser, in graph
+    order: the candidates for int8 weights."""
+    import onnx
+
+    floats = {i.name for i in model.graph.initializer
+              if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
+    return [(n.name, n.input[1]) for n in model.graph.node
+            if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in floats and n.input[0] not in floats]
+
+
+def channel_scales(weight: np.ndarray) -> np.ndarray:
+    """One symmetric scale per output column (``x @ W`` layout), never zero."""
+    scale = np.abs(weight).max(axis=0).astype(np.float64) / QMAX
+    scale[scale == 0] = 1.0
+    return scale
+
+
+def round_weight(weight: np.ndarray, hessian: np.ndarray | None, cache: dict | None = None,
+                 key: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any] | None]:
+    """(int8 values, float32 scales, GPTQ error row or None) of one weight; GPTQ when ``hessian`` is given."""
+    if cache is not None and key in cache:
+        return cache[key]
+    scale = channel_scales(weight)
+    nearest = np.clip(np.round(weight / scale), -QMAX, QMAX).astype(np.int8)
+    row = None
+    q = nearest
+    if hessian is not None:
+        from bertopt.stages.gptq import gptq_round, output_error
+
+        q = gptq_round(weight, scale, hessian)
+        before = output_error(weight, nearest * scale, hessian)
+        after = output_error(weight, q * scale, hessian)
+        row = {"weight": key, "error_nearest": before, "error_gptq": after,
+               "error_ratio": after / before if before else 1.0}
+    result = (q, scale.astype(np.float32), row)
+    if cache is not None:
+        cache[key] = result
+    return result
+
+
+def compress_weights(model, keep_fp32: set[str], hessians: dict[str, np.ndarray] | None = None,
+                     cache: dict | None = None):
+    """A copy of ``model`` with the weight of every weight MatMul not in ``keep_fp32`` stored as int8 +
+    per-channel scale behind a ``DequantizeLinear``; returns (model, GPTQ rows, number compressed)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {i.name: i for i in graph.initializer}
+    targets = [(node, weight) for node, weight in weight_matmuls(out) if node not in keep_fp32]
+    by_node = {n.name: n for n in graph.node}
+    made: dict[str, str] = {}  # weight -> its dequantised tensor (one int8 copy per weight, even if shared)
+    new_inits, dq_nodes, rows = [], [], []
+    for node_name, weight in targets:
+        if weight not in made:
+            w = numpy_helper.to_array(inits[weight]).astype(np.float32)
+            q, scale, row = round_weight(w, None if hessians is None else hessians.get(weight), cache, weight)
+            if row is not None:
+                rows.append(row)
+            q_name, s_name, dq_name = f"{weight}_int8", f"{weight}_int8_scale", f"{weight}_dequantized"
+            new_inits += [numpy_helper.from_array(q, q_name), numpy_helper.from_array(scale, s_name)]
+            dq_nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name], [dq_name], axis=1,
+                                             name=f"{weight}_DequantizeLinear"))
+            made[weight] = dq_name
+        by_node[node_name].input[1] = made[weight]
+    still_used = {i for n in graph.node for i in n.input}
+    keep = [i for i in graph.initializer if i.name not in made or i.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep + new_inits)
+    # the dequantisers read initialisers only, so they can lead the (topologically sorted) node list
+    for i, dq in enumerate(dq_nodes):
+        graph.node.insert(i, dq)
+    return out, rows, len(targets)
+
+
+def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
+    from bertopt.artifact import ArtifactWriter
+    from bertopt.data import corpus
+    from bertopt.errors import require
+    from bertopt.stages.common import check_against
+    from bertopt.stages.compile import _precision_label
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.quantize import _ensure_node_names
+    from bertopt.stages.quantize_int8 import load_calibration_texts, sentence_feeds
+
+    require("openvino", "openvino", "int8 for the OpenVINO runtime")
+    model = load_onnx(art.model_path)
+    check_config(art, model, config)
+    _ensure_node_names(model.graph)  # exclusion and the search work by node name
+    before = graph_stats(model)
+    user_excluded = set(config["exclude_nodes"])
+    candidates = [(name, "MatMul") for name, _ in weight_matmuls(model) if name not in user_excluded]
+    if not candidates:
+        raise UserError(f"{art.path} has no MatMul with a weight to quantise (or all are in --exclude-nodes)")
+    texts = None
+    hessians = None
+    if config["weight_rounding"] == "gptq" or config["accuracy_target"]:
+        texts = load_calibration_texts(config)
+    if config["weight_rounding"] == "gptq":
+        from bertopt.stages.gptq import input_hessians
+
+        hessians = input_hessians(model, sentence_feeds(art, texts))
+    options = runtime_options(config)
+    precision = _precision_label("int8-dynamic", config["inference_precision"])
+    cache: dict = {}
+    with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        w.copy_tokenizer(art)
+        w.runtime = "openvino"
+        w.extra["runtime_options"] = options
+        search = None
+        if config["accuracy_target"]:
+            from bertopt.stages.accuracy_aware import (
+                _Evaluator,
+                _search_report,
+                _targets,
+                greedy_fallback,
+                node_costs,
+            )
+
+            targets = _targets(config, art)
+            rows_by_path: dict[str, list] = {}
+
+            def build(kept: list[str], path: Path) -> None:
+                compressed, rows, _ = compress_weights(model, user_excluded | set(kept), hessians, cache)
+                rows_by_path[str(path)] = rows
+                save_onnx(compressed, path)
+
+            evaluator = _Evaluator(art, texts, runtime="openvino", runtime_options=options)
+            with tempfile.TemporaryDirectory(prefix="bertopt-aaov-") as tmp:
+                result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], Path(tmp),
+                                         costs=node_costs(model, [n for n, _ in candidates]))
+                (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
+                gptq_rows = rows_by_path[str(result["model"])]
+            kept = result["kept"]
+            search = _search_report(config, targets, texts, result, evaluator)
+        else:
+            compressed, gptq_rows, _ = compress_weights(model, user_excluded, hessians, cache)
+            save_onnx(compressed, w.dir / "model.onnx")
+            kept = []
+        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
+        stats = check_against(w, art, corpus())
+        q = load_onnx(w.dir / "model.onnx")
+        w.report.update({"before": before, "after": graph_stats(q), "runtime": "openvino",
+                         "quantized_nodes": len(candidates) - len(kept),
+                         "kept_fp32_nodes": sorted(user_excluded) + kept,
+                         "activations": f"int8 per token in groups of {options['dynamic_quantization_group_size']} "
+                                        "channels, at run time (OpenVINO dynamic quantisation)"
+                                        if options["dynamic_quantization_group_size"] else
+                                        f"{config['inference_precision']} (weights-only int8)",
+                         "accuracy_vs_parent": stats})
+        if search is not None:
+            w.report["accuracy_search"] = search
+        if hessians is not None:
+            from bertopt.stages.gptq import report_section
+
+            w.report["gptq"] = report_section(gptq_rows)
+    return w.artifact

@@ -1,0 +1,133 @@
+"""int8 for the OpenVINO runtime: int8 weights in the ONNX file, activations quantised by OpenVINO per token."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from bertopt.artifact import Artifact, sha256_file
+from bertopt.data import corpus
+from bertopt.errors import UserError
+from bertopt.registry import run_stage
+from bertopt.runtime import Predictor
+from bertopt.stages.quantize_openvino import QMAX, weight_matmuls
+from bertopt.validate.compare import cosine_rows
+
+pytest.importorskip("openvino")
+pytestmark = pytest.mark.usefixtures("private_openvino_cache")
+
+OV_INT8 = {"mode": "int8-dynamic", "runtime": "openvino"}
+
+
+def _weights(model) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def test_int8_weights_behind_dequantize_and_runtime_recorded(tiny_onnx, tmp_path):
+    parent_hash = sha256_file(tiny_onnx.model_path)
+    art = run_stage("quantize", tiny_onnx, OV_INT8, tmp_path / "ov")
+    assert sha256_file(tiny_onnx.model_path) == parent_hash  # the input is never modified
+    assert art.runtime == "openvino"
+    assert art.manifest["runtime_options"] == {"inference_precision": "bf16", "performance_hint": "LATENCY",
+                                               "dynamic_quantization_group_size": 32}
+    assert art.precision == "int8-dynamic+bf16"
+
+    before, after = onnx.load(str(tiny_onnx.model_path)), onnx.load(str(art.model_path))
+    originals, stored = _weights(before), _weights(after)
+    matmuls = weight_matmuls(before)
+    assert matmuls and weight_matmuls(after) == []  # every weight MatMul now reads a dequantised weight
+    producers = {o: n for n in after.graph.node for o in n.output}
+    weight_fed = [n for n in after.graph.node if n.op_type == "MatMul"
+                  and producers.get(n.input[1]) is not None and producers[n.input[1]].op_type == "DequantizeLinear"]
+    assert [n.name for n in weight_fed] == [name for name, _ in matmuls]
+    for node in weight_fed:
+        dq = producers[node.input[1]]
+        q, scale = stored[dq.input[0]], stored[dq.input[1]]
+        assert q.dtype == np.int8 and np.abs(q.astype(int)).max() <= QMAX
+        weight = originals[dq.input[0][: -len("_int8")]]
+        assert scale.shape == (weight.shape[1],)  # one scale per output channel
+        assert np.abs(q * scale - weight).max() <= scale.max() / 2 + 1e-7  # round to nearest on that grid
+    assert not set(w for _, w in matmuls) & set(stored)  # the fp32 copies are gone
+
+    report = art.manifest["lineage"]["report"]
+    assert report["quantized_nodes"] == len(matmuls) and report["kept_fp32_nodes"] == []
+    assert "groups of 32 channels" in report["activations"]
+    # served by OpenVINO, close to the fp32 parent
+    predictor = Predictor(art)
+    assert predictor.session.backend == "openvino"
+    texts = corpus()[:64]
+    cos = cosine_rows(predictor.encode(texts), Predictor(tiny_onnx).encode(texts))
+    assert cos.mean() > 0.99
+
+
+def test_activation_group_size_reaches_openvino(tiny_onnx, tmp_path):
+    """Group 0 keeps activations float (weights-only int8); a positive group quantises them: the outputs differ,
+    and weights-only is closer to fp32."""
+    texts = corpus()[:64]
+    reference = Predictor(tiny_onnx).encode(texts)
+    errors = {}
+    for group in (0, 32):
+        art = run_stage("quantize", tiny_onnx, {**OV_INT8, "activation_group_size": group,
+                                                "inference_precision": "f32"}, tmp_path / f"g{group}")
+        assert art.manifest["runtime_options"]["dynamic_quantization_group_size"] == group
+        errors[group] = float(np.abs(Predictor(art).encode(texts) - reference).mean())
+    assert errors[0] != errors[32]
+    assert errors[0] < errors[32]
+
+
+def test_gptq_rounding_on_the_openvino_path(tiny_onnx, tmp_path):
+    nearest = run_stage("quantize", tiny_onnx, OV_INT8, tmp_path / "nearest")
+    gptq = run_stage("quantize", tiny_onnx, {**OV_INT8, "weight_rounding": "gptq"}, tmp_path / "gptq")
+    a, b = (_weights(onnx.load(str(x.model_path))) for x in (nearest, gptq))
+    ints = [k for k in a if k.endswith("_int8")]
+    assert ints and all(np.array_equal(a[k + "_scale"], b[k + "_scale"]) for k in ints)  # same grid
+    assert sum(not np.array_equal(a[k], b[k]) for k in ints) >= len(ints) // 2  # different rounding
+    report = gptq.manifest["lineage"]["report"]["gptq"]
+    assert report["weights"] == len(ints) and report["median_error_ratio"] < 1.0
+
+
+def test_accuracy_aware_search_keeps_sensitive_weights_fp32(tiny_onnx, tmp_path):
+    art = run_stage("quantize", tiny_onnx, {**OV_INT8, "inference_precision": "f32",
+                                            "accuracy_target": "cos_min=0.99999", "accuracy_group": 1,
+                                            "calibration_size": 32}, tmp_path / "aa")
+    report = art.manifest["lineage"]["report"]
+    search = report["accuracy_search"]
+    kept = report["kept_fp32_nodes"]
+    assert kept and [r["node"] for r in search["kept_fp32"]] == kept
+    assert all("rank" in r["reason"] for r in search["kept_fp32"])
+    assert search["steps"][0]["holds"] is False and search["steps"][-1]["holds"] is True
+    assert search["final_calibration_metrics"]["cos_min"] >= 0.99999
+    # what was kept reads its fp32 weight in the written model; the rest read int8
+    model = onnx.load(str(art.model_path))
+    kept_fp32 = {name for name, _ in weight_matmuls(model)}
+    assert kept_fp32 == set(kept)
+    assert report["quantized_nodes"] == len(weight_matmuls(onnx.load(str(tiny_onnx.model_path)))) - len(kept)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"per_token": True}, "--per-token rewrite the graph for ONNX Runtime"),
+    ({"mode": "int8-static"}, "--runtime openvino quantises with --mode int8-dynamic"),
+    ({"mode": "fp16"}, "--runtime openvino quantises with --mode int8-dynamic"),
+    ({"per_channel": False}, "one scale per output channel"),
+])
+def test_options_it_cannot_honour_are_refused(tiny_onnx, tmp_path, config, message):
+    with pytest.raises(UserError, match=message):
+        run_stage("quantize", tiny_onnx, {**OV_INT8, **config}, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_fused_input_is_refused_on_the_command_line(tiny_optimized, tmp_path, cli):
+    code, out, err = cli("quantize", tiny_optimized.path, "--runtime", "openvino", "--out", tmp_path / "x")
+    assert code == 2
+    assert "contrib ops" in err and "before 'optimize'" in err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
+
+
+def test_compile_keeps_the_activation_quantisation(tiny_onnx, tmp_path):
+    art = run_stage("quantize", tiny_onnx, {**OV_INT8, "activation_group_size": 16}, tmp_path / "ov")
+    compiled = run_stage("compile", art, {"inference_precision": "f32"}, tmp_path / "f32")
+    assert compiled.manifest["runtime_options"]["dynamic_quantization_group_size"] == 16
+    assert compiled.precision == "int8-dynamic+fp32"
+    assert Artifact.load(compiled.path).runtime == "openvino"
