@@ -43,7 +43,8 @@ PARAMS = [
     Param("mode", str, "int8-dynamic", "Precision to produce.", choices=MODES),
     Param("per_channel", bool, True, "int8: one scale per output channel of each weight (more faithful than "
           "per-tensor at the same speed)."),
-    Param("op_types", list, ["MatMul", "Attention", "Gemm"], "int8: operator types to quantise."),
+    Param("op_types", list, ["MatMul", "Attention", "Gemm"], "int8: operator types to quantise (with "
+          "--runtime openvino: weight MatMuls, and Gather for the embedding tables)."),
     Param("exclude_nodes", list, [], "Node names to keep in fp32 (int8) or fp32 islands (fp16)."),
     Param("calibration_data", str, None, "int8-static: a text file, one sentence a line "
           "(default: bertopt's built-in calibration text)."),

@@ -6,7 +6,9 @@ per token, in groups of ``activation_group_size`` channels.
 GPTQ rounding). OpenVINO's CPU plugin reads that pattern as a FullyConnected layer with compressed int8 weights
 and, with ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` set, quantises each token's activations to int8 per group of
 channels inside the GEMM (VNNI int8 compute). The manifest records ``runtime: openvino`` and those options, so
-every Predictor built on the artifact (validate, bench, Spark, the server) runs exactly this.
+every Predictor built on the artifact (validate, bench, Spark, the server) runs exactly this. With ``Gather`` in
+``--op-types`` the embedding tables are stored int8 too, one scale per row (MiniLM's word embedding is 47 of
+its 59 MB once the MatMuls are int8).
 
 Why a second int8 path: ONNX Runtime's dynamic int8 uses one activation scale for the whole batch matrix, so a
 single outlier token ([CLS]) or channel coarsens every other value; on the bundled MiniLM that costs cosine min
@@ -54,8 +56,9 @@ def check_config(art, model, config: dict[str, Any]) -> None:
     if not config["per_channel"]:
         raise UserError("--runtime openvino stores int8 weights with one scale per output channel; drop "
                         "--no-per-channel")
-    if "MatMul" not in config["op_types"]:
-        raise UserError("--runtime openvino quantises weight MatMuls; keep MatMul in --op-types")
+    if not set(WEIGHT_INPUTS) & set(config["op_types"]):
+        raise UserError("--runtime openvino quantises weight MatMuls and embedding tables (Gather); name MatMul "
+                        "and/or Gather in --op-types")
     from bertopt.stages.compile import ort_contrib_ops
 
     fused = ort_contrib_ops(model)
@@ -68,34 +71,47 @@ def check_config(art, model, config: dict[str, Any]) -> None:
                         f"newer: re-export with 'bertopt export ... --opset 17'")
 
 
-def weight_matmuls(model) -> list[tuple[str, str]]:
-    """(node name, weight initialiser) of every MatMul whose second input is a 2-D float initialiser, in graph
-    order: the candidates for int8 weights."""
+# op type -> (input that holds the weight, DequantizeLinear axis = the axis with one scale per entry): a MatMul's
+# ``x @ W`` gets one scale per output column, an embedding table (Gather) one per row (token)
+WEIGHT_INPUTS = {"MatMul": (1, 1), "Gather": (0, 0)}
+
+
+def quantizable_weights(model, op_types) -> list[tuple[str, str, str]]:
+    """(node name, weight initialiser, op type) of every MatMul (second input) and Gather (table) in ``op_types``
+    that reads a 2-D float initialiser, in graph order: the candidates for int8 weights."""
     import onnx
 
     floats = {i.name for i in model.graph.initializer
               if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
-    return [(n.name, n.input[1]) for n in model.graph.node
-            if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in floats and n.input[0] not in floats]
+    found = []
+    for n in model.graph.node:
+        if n.op_type not in WEIGHT_INPUTS or n.op_type not in op_types or len(n.input) != 2:
+            continue
+        index = WEIGHT_INPUTS[n.op_type][0]
+        if n.input[index] in floats and n.input[1 - index] not in floats:
+            found.append((n.name, n.input[index], n.op_type))
+    return found
 
 
-def channel_scales(weight: np.ndarray) -> np.ndarray:
-    """One symmetric scale per output column (``x @ W`` layout), never zero."""
-    scale = np.abs(weight).max(axis=0).astype(np.float64) / QMAX
+def channel_scales(weight: np.ndarray, axis: int) -> np.ndarray:
+    """One symmetric scale per entry of ``axis`` (never zero)."""
+    scale = np.abs(weight).max(axis=1 - axis).astype(np.float64) / QMAX
     scale[scale == 0] = 1.0
     return scale
 
 
-def round_weight(weight: np.ndarray, hessian: np.ndarray | None, cache: dict | None = None,
+def round_weight(weight: np.ndarray, axis: int, hessian: np.ndarray | None, cache: dict | None = None,
                  key: str | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any] | None]:
-    """(int8 values, float32 scales, GPTQ error row or None) of one weight; GPTQ when ``hessian`` is given."""
+    """(int8 values, float32 scales, GPTQ error row or None) of one weight; GPTQ when ``hessian`` is given (MatMul
+    weights: GPTQ compensates along the input rows)."""
     if cache is not None and key in cache:
         return cache[key]
-    scale = channel_scales(weight)
-    nearest = np.clip(np.round(weight / scale), -QMAX, QMAX).astype(np.int8)
+    scale = channel_scales(weight, axis)
+    grid = scale if axis == 1 else scale[:, None]
+    nearest = np.clip(np.round(weight / grid), -QMAX, QMAX).astype(np.int8)
     row = None
     q = nearest
-    if hessian is not None:
+    if hessian is not None and axis == 1:
         from bertopt.stages.gptq import gptq_round, output_error
 
         q = gptq_round(weight, scale, hessian)
@@ -109,10 +125,11 @@ def round_weight(weight: np.ndarray, hessian: np.ndarray | None, cache: dict | N
     return result
 
 
-def compress_weights(model, keep_fp32: set[str], hessians: dict[str, np.ndarray] | None = None,
+def compress_weights(model, op_types, keep_fp32: set[str], hessians: dict[str, np.ndarray] | None = None,
                      cache: dict | None = None):
-    """A copy of ``model`` with the weight of every weight MatMul not in ``keep_fp32`` stored as int8 +
-    per-channel scale behind a ``DequantizeLinear``; returns (model, GPTQ rows, number compressed)."""
+    """A copy of ``model`` with the weight of every quantisable node of ``op_types`` not in ``keep_fp32`` stored
+    as int8 + per-channel (MatMul) or per-row (Gather) scale behind a ``DequantizeLinear``; returns (model,
+    GPTQ rows, number compressed)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -120,22 +137,23 @@ def compress_weights(model, keep_fp32: set[str], hessians: dict[str, np.ndarray]
     out.CopyFrom(model)
     graph = out.graph
     inits = {i.name: i for i in graph.initializer}
-    targets = [(node, weight) for node, weight in weight_matmuls(out) if node not in keep_fp32]
+    targets = [t for t in quantizable_weights(out, op_types) if t[0] not in keep_fp32]
     by_node = {n.name: n for n in graph.node}
     made: dict[str, str] = {}  # weight -> its dequantised tensor (one int8 copy per weight, even if shared)
     new_inits, dq_nodes, rows = [], [], []
-    for node_name, weight in targets:
+    for node_name, weight, op_type in targets:
+        index, axis = WEIGHT_INPUTS[op_type]
         if weight not in made:
             w = numpy_helper.to_array(inits[weight]).astype(np.float32)
-            q, scale, row = round_weight(w, None if hessians is None else hessians.get(weight), cache, weight)
+            q, scale, row = round_weight(w, axis, None if hessians is None else hessians.get(weight), cache, weight)
             if row is not None:
                 rows.append(row)
             q_name, s_name, dq_name = f"{weight}_int8", f"{weight}_int8_scale", f"{weight}_dequantized"
             new_inits += [numpy_helper.from_array(q, q_name), numpy_helper.from_array(scale, s_name)]
-            dq_nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name], [dq_name], axis=1,
+            dq_nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name], [dq_name], axis=axis,
                                              name=f"{weight}_DequantizeLinear"))
             made[weight] = dq_name
-        by_node[node_name].input[1] = made[weight]
+        by_node[node_name].input[index] = made[weight]
     still_used = {i for n in graph.node for i in n.input}
     keep = [i for i in graph.initializer if i.name not in made or i.name in still_used]
     del graph.initializer[:]
@@ -162,9 +180,11 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     _ensure_node_names(model.graph)  # exclusion and the search work by node name
     before = graph_stats(model)
     user_excluded = set(config["exclude_nodes"])
-    candidates = [(name, "MatMul") for name, _ in weight_matmuls(model) if name not in user_excluded]
+    op_types = list(config["op_types"])
+    candidates = [(name, op) for name, _, op in quantizable_weights(model, op_types) if name not in user_excluded]
     if not candidates:
-        raise UserError(f"{art.path} has no MatMul with a weight to quantise (or all are in --exclude-nodes)")
+        raise UserError(f"{art.path} has no {'/'.join(op_types)} with a weight to quantise (or all are in "
+                        "--exclude-nodes)")
     texts = None
     hessians = None
     if config["weight_rounding"] == "gptq" or config["accuracy_target"]:
@@ -194,7 +214,8 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
             rows_by_path: dict[str, list] = {}
 
             def build(kept: list[str], path: Path) -> None:
-                compressed, rows, _ = compress_weights(model, user_excluded | set(kept), hessians, cache)
+                compressed, rows, _ = compress_weights(model, op_types, user_excluded | set(kept), hessians,
+                                                             cache)
                 rows_by_path[str(path)] = rows
                 save_onnx(compressed, path)
 
@@ -207,7 +228,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
             kept = result["kept"]
             search = _search_report(config, targets, texts, result, evaluator)
         else:
-            compressed, gptq_rows, _ = compress_weights(model, user_excluded, hessians, cache)
+            compressed, gptq_rows, _ = compress_weights(model, op_types, user_excluded, hessians, cache)
             save_onnx(compressed, w.dir / "model.onnx")
             kept = []
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)

@@ -12,13 +12,17 @@ from bertopt.data import corpus
 from bertopt.errors import UserError
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.quantize_openvino import QMAX, weight_matmuls
+from bertopt.stages.quantize_openvino import QMAX, quantizable_weights
 from bertopt.validate.compare import cosine_rows
 
 pytest.importorskip("openvino")
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 
 OV_INT8 = {"mode": "int8-dynamic", "runtime": "openvino"}
+
+
+def weight_matmuls(model) -> list[tuple[str, str]]:
+    return [(node, weight) for node, weight, _ in quantizable_weights(model, ["MatMul"])]
 
 
 def _weights(model) -> dict[str, np.ndarray]:
@@ -60,6 +64,25 @@ def test_int8_weights_behind_dequantize_and_runtime_recorded(tiny_onnx, tmp_path
     texts = corpus()[:64]
     cos = cosine_rows(predictor.encode(texts), Predictor(tiny_onnx).encode(texts))
     assert cos.mean() > 0.99
+
+
+def test_embedding_tables_int8_per_row_with_gather(tiny_onnx, tmp_path):
+    art = run_stage("quantize", tiny_onnx, {**OV_INT8, "op_types": ["MatMul", "Gather"]}, tmp_path / "ov")
+    before, after = onnx.load(str(tiny_onnx.model_path)), onnx.load(str(art.model_path))
+    tables = [(node, table) for node, table, op in quantizable_weights(before, ["Gather"])]
+    assert len(tables) >= 2 and quantizable_weights(after, ["MatMul", "Gather"]) == []
+    originals, stored = _weights(before), _weights(after)
+    dq_by_output = {n.output[0]: n for n in after.graph.node if n.op_type == "DequantizeLinear"}
+    gathers = {n.name: n for n in after.graph.node if n.op_type == "Gather"}
+    for node, table in tables:
+        dq = dq_by_output[gathers[node].input[0]]
+        assert next(a.i for a in dq.attribute if a.name == "axis") == 0  # one scale per row (token)
+        q, scale = stored[dq.input[0]], stored[dq.input[1]]
+        assert q.dtype == np.int8 and scale.shape == (originals[table].shape[0],)
+        assert np.abs(q * scale[:, None] - originals[table]).max() <= scale.max() / 2 + 1e-7
+    report = art.manifest["lineage"]["report"]
+    assert report["quantized_nodes"] == len(tables) + len(weight_matmuls(before))
+    assert report["accuracy_vs_parent"]["sentence_embedding"]["cos_mean"] > 0.99
 
 
 def test_activation_group_size_reaches_openvino(tiny_onnx, tmp_path):
