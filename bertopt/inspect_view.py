@@ -24,6 +24,8 @@ def render(artifact, console) -> None:
     head.add_row("artifact", str(artifact.path))
     head.add_row("digest", artifact.digest[:16])
     head.add_row("format / runtime", f"{artifact.model_format} / {artifact.runtime}")
+    if m.get("runtime_options"):
+        head.add_row("runtime options", ", ".join(f"{k}={v}" for k, v in m["runtime_options"].items()))
     head.add_row("precision", artifact.precision)
     head.add_row("size", f"{artifact.size_bytes() / 1e6:.1f} MB in {len(m['files'])} files")
     src = artifact.source

@@ -349,7 +349,8 @@ class Ventilator:
             "workers": [{"index": s.index, "pid": s.info.get("pid") if s.ready else None,
                          "ready": s.ready, "in_flight": len(s.in_flight()), "jobs_done": s.jobs_done,
                          "texts_done": s.texts_done, "restarts": s.restarts,
-                         "threads": s.info.get("threads"), "provider": s.info.get("provider")}
+                         "threads": s.info.get("threads"), "provider": s.info.get("provider"),
+                         "backend": s.info.get("backend")}
                         for s in self.workers],
         }
 

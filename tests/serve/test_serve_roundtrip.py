@@ -111,3 +111,23 @@ def test_cli_client_encode_status_and_serve_status(tiny_server, tiny_predictor, 
     code, out, err = cli("serve", "--status", *ports)
     assert code == 0, err
     assert "uptime_s" in out and "mini_jobs_done" in out and "workers" in out
+
+
+def test_an_openvino_int8_artifact_is_served_by_openvino(tiny_onnx, start_server, tmp_path):
+    """One runtime: the workers build the artifact's own backend (OpenVINO, from the manifest), so served values
+    are the in-process Predictor's."""
+    pytest.importorskip("openvino")
+    from bertopt.registry import run_stage
+    from bertopt.runtime import Predictor
+
+    art = run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "runtime": "openvino"}, tmp_path / "ov")
+    server = start_server(art.path, num_worker=1)
+    texts = make_texts(12, seed=5)
+    with server.client() as client:
+        got = client.encode(texts)
+        status = client.status()
+    assert status["precision"] == "int8-dynamic+bf16"
+    assert [w["backend"] for w in status["workers"]] == ["openvino"]
+    want = Predictor(art, threads=1).encode(texts)
+    # same model, same runtime; batches may be cut differently, which moves bf16 sums by a few ulps
+    np.testing.assert_allclose(got, want, atol=2e-3, rtol=0)

@@ -148,6 +148,13 @@ def test_fused_input_is_refused_on_the_command_line(tiny_optimized, tmp_path, cl
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
 
 
+def test_inspect_shows_the_runtime_options(tiny_onnx, tmp_path, cli):
+    art = run_stage("quantize", tiny_onnx, OV_INT8, tmp_path / "ov")
+    code, out, _ = cli("inspect", art.path)
+    assert code == 0
+    assert "onnx / openvino" in out and "dynamic_quantization_group_size=32" in out
+
+
 def test_compile_keeps_the_activation_quantisation(tiny_onnx, tmp_path):
     art = run_stage("quantize", tiny_onnx, {**OV_INT8, "activation_group_size": 16}, tmp_path / "ov")
     compiled = run_stage("compile", art, {"inference_precision": "f32"}, tmp_path / "f32")
