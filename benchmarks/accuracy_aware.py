@@ -88,6 +88,12 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool):
                                                                "op_types": ["MatMul", "Gather"],
                                                                "weight_rounding": "gptq", "accuracy_target": target,
                                                                "accuracy_group": group}, work / "ov-int8-gptq-aa"),
+        # the same search with a stricter target, so it has something to keep fp32
+        "openvino search, 0.999": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+                                                             "op_types": ["MatMul", "Gather"],
+                                                             "weight_rounding": "gptq",
+                                                             "accuracy_target": "cos_min=0.999",
+                                                             "accuracy_group": group}, work / "ov-int8-gptq-aa999"),
     }
     return fp32, variants
 
