@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def build(work: Path, target: str, group: int, alpha: float, rebuild: bool):
+def build(work: Path, target: str, group: int, alpha: float, rebuild: bool, model: str = "builtin:minilm"):
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.registry import run_stage
 
@@ -51,7 +51,7 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool):
         print(f"  built {out.name} in {time.perf_counter() - t0:.0f} s")
         return art
 
-    onnx = stage("export", "builtin:minilm", {}, work / "onnx")
+    onnx = stage("export", model, {}, work / "onnx")
     pruned = stage("prune", onnx, {}, work / "pruned")
     fp32 = stage("optimize", pruned, {}, work / "fp32")
     dyn = {"mode": "int8-dynamic", "per_channel": True}
@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=1, help="operators kept fp32 per search step")
     parser.add_argument("--alpha", type=float, default=0.5, help="smoothing strength")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default="builtin:minilm", help="model to export (a Hugging Face folder)")
+    parser.add_argument("--mixed-texts", type=int, default=None, help="throughput texts (default: all)")
     parser.add_argument("--work", type=Path, default=ROOT / "artifacts" / "bench-accuracy-aware")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS / "accuracy_aware.json")
@@ -118,7 +120,7 @@ def main() -> None:
 
     print("building artifacts (reused when present)")
     t0 = time.perf_counter()
-    fp32, variants = build(args.work, args.target, args.group, args.alpha, args.rebuild)
+    fp32, variants = build(args.work, args.target, args.group, args.alpha, args.rebuild, args.model)
     build_s = time.perf_counter() - t0
     contenders = {"pytorch fp32": reference_predictor(fp32), "onnxruntime fp32 (fused)": Predictor(fp32)}
     contenders.update({name: Predictor(art) for name, art in variants.items()})
@@ -130,7 +132,7 @@ def main() -> None:
         cos = cosine_rows(p.encode(texts), reference)
         fidelity[name] = {"cos_mean": float(cos.mean()), "cos_min": float(cos.min())}
 
-    work = mixed_text()
+    work = mixed_text()[: args.mixed_texts]
     for p in contenders.values():  # warm-up
         p.run(work[:64], batch_size=32)
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -150,7 +152,7 @@ def main() -> None:
                      "speedup_vs_pytorch_fp32": tput[name] / tput["pytorch fp32"],
                      "speedup_vs_ort_fp32": tput[name] / tput["onnxruntime fp32 (fused)"],
                      "kept_fp32": len(rep.get("kept_fp32_nodes", [])) if art is not None else None,
-                     "size_mb": round((art if art is not None else fp32).size_bytes() / 1e6, 1),
+                     "size_bytes": (art if art is not None else fp32).size_bytes(),
                      "kept_fp32_nodes": rep.get("kept_fp32_nodes") if art is not None else None})
     by = {r["variant"]: r for r in rows}
     plain = by["int8 per-channel"]
@@ -177,7 +179,7 @@ def main() -> None:
         kept = "-" if r["kept_fp32"] is None else str(r["kept_fp32"])
         print(f"{r['variant']:28} {r['cos_mean']:9.5f} {r['cos_min']:8.5f} {r['texts_per_s']:8.1f} "
               f"{r['speedup_vs_pytorch_fp32']:9.2f} {r['speedup_vs_ort_fp32']:10.2f} {r['speedup_share']:6.0%} "
-              f"{r['gain_share']:7.0%} {kept:>9} {r['size_mb']:6.1f}")
+              f"{r['gain_share']:7.0%} {kept:>9} {r['size_bytes'] / 1e6:6.1f}")
     search = variants[aa["variant"]].lineage["report"]["accuracy_search"]
     print(f"\naccuracy-aware: target {search['target']} on {search['measured_on']}; {search['evaluations']} "
           f"evaluations in {search['search_s']} s; kept fp32: {', '.join(aa['kept_fp32_nodes']) or 'none'}")

@@ -49,3 +49,18 @@ def test_compare_script_smoke(tiny_hf, tmp_path):
     assert fastest["backend"] == "openvino"
     assert set(data["goal"]["checks"]) == {"padded_vs_bf16", "mixed_vs_bf16", "latency_vs_fp32"}
     assert "GOAL" in proc.stdout
+
+
+@pytest.mark.slow
+def test_accuracy_aware_script_smoke(tiny_hf, tmp_path):
+    out = tmp_path / "a.json"
+    proc = _run("accuracy_aware.py", "--model", tiny_hf, "--work", tmp_path / "art", "--rounds", "1",
+                "--mixed-texts", "40", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert {"int8 per-channel", "+ GPTQ + search", "openvino + GPTQ + search", "openvino bf16 (no int8)"} <= set(rows)
+    assert rows["int8 per-channel"]["speedup_share"] == 1.0  # the reference of the share
+    assert rows["openvino + GPTQ + search"]["size_bytes"] < rows["openvino bf16 (no int8)"]["size_bytes"]
+    assert set(data["goal"]) >= {"cos_min_met", "speedup_share_met", "share_of_openvino_int8"}
+    assert "goal: cos_min" in proc.stdout
