@@ -150,3 +150,23 @@ def test_bad_udf_arguments_fail_on_the_driver(spark, tiny_onnx, tiny_classifier)
         predict_dataframe(df, tiny_onnx, text_col="body")
     with pytest.raises(UserError, match="column 'idx' holds bigint, not text"):
         predict_dataframe(df, tiny_onnx, text_col="idx")
+
+
+def test_openvino_int8_artifact_runs_on_openvino_in_the_executors(spark, tiny_onnx, tmp_path):
+    """One runtime: the executors build the backend the manifest names (OpenVINO here), so Spark gives what the
+    in-process Predictor gives."""
+    pytest.importorskip("openvino")
+    from bertopt.registry import run_stage
+    from bertopt.spark import predict_udf
+
+    art = run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "runtime": "openvino",
+                                            "inference_precision": "f32"}, tmp_path / "ov")
+    udf = predict_udf(art.path, batch_size=4, spark=spark)
+    got = _collect(_frame(spark, TEXTS, 2).select("idx", udf("text").alias("emb")), "emb")
+    expected = Predictor(art, batch_size=4).encode(TEXTS)
+    assert Predictor(art).session.backend == "openvino"
+    for i in range(len(TEXTS)):
+        np.testing.assert_allclose(np.array(got[i], dtype=np.float32), expected[i], atol=1e-4, rtol=0)
+    # and it is not the fp32 parent's answer: the int8 model really ran
+    parent = Predictor(tiny_onnx, batch_size=4).encode(TEXTS)
+    assert np.abs(np.array([got[i] for i in range(len(TEXTS))], dtype=np.float32) - parent).max() > 1e-4
