@@ -68,19 +68,13 @@ class _Evaluator:
         from types import SimpleNamespace
 
         from bertopt.runtime import Predictor
+        from bertopt.runtime.backends import open_session
         from bertopt.validate.compare import compare_runs
 
-        # a session only needs the model file's path (and OpenVINO its options)
-        file = SimpleNamespace(model_path=Path(model_path), manifest={"runtime_options": self.runtime_options})
-        if self.runtime == "openvino":
-            from bertopt.runtime.openvino_backend import OpenVinoSession
-
-            session = OpenVinoSession(file, provider="cpu")
-        else:
-            from bertopt.runtime.backends import OrtSession
-
-            session = OrtSession(file, provider="cpu")
-        predictor = Predictor(self.art, session=session, verify=False)
+        # a backend only needs the model file's path (and OpenVINO its options)
+        file = SimpleNamespace(model_path=Path(model_path), model_format="onnx", runtime=self.runtime,
+                               manifest={"runtime_options": self.runtime_options})
+        predictor = Predictor(self.art, session=open_session(file, provider="cpu"), verify=False)
         got = predictor.run(self.texts)
         self.evaluations += 1
         stats = compare_runs(got, self.reference, self.kinds)

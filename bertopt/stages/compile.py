@@ -57,10 +57,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     options: dict[str, Any] = {}
     precision = art.precision
     if config["runtime"] == "openvino":
-        fused = ort_contrib_ops(load_onnx(art.model_path))
-        if fused:
-            raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO "
-                            "cannot read; compile the exported or pruned artifact (before 'optimize') instead")
+        refuse_ort_contrib_ops(art, load_onnx(art.model_path),
+                               "compile the exported or pruned artifact (before 'optimize') instead")
         options = {"inference_precision": config["inference_precision"],
                    "performance_hint": config["performance_hint"]}
         group = (art.manifest.get("runtime_options") or {}).get("dynamic_quantization_group_size")
@@ -89,9 +87,13 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     return w.artifact
 
 
-def ort_contrib_ops(model) -> list[str]:
-    """The ONNX Runtime fused operator types in ``model``, which OpenVINO's ONNX frontend cannot read."""
-    return sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+def refuse_ort_contrib_ops(art, model, fix: str) -> None:
+    """A UserError naming ``fix`` when ``model`` holds ONNX Runtime fused operators, which OpenVINO's ONNX
+    frontend cannot read."""
+    fused = sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+    if fused:
+        raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO cannot "
+                        f"read; {fix}")
 
 
 def _precision_label(parent: str, inference_precision: str) -> str:

@@ -47,18 +47,13 @@ def weight_nodes(model) -> dict[str, str]:
 def input_hessians(model, feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``X^T X`` (float64) of each weight's activation input over every token of every feed (one sentence a
     feed, so no padding rows), keyed by weight name."""
-    from bertopt.stages.smoothing import probe_session
+    from bertopt.stages.smoothing import probed_activations
 
     wanted = weight_nodes(model)
-    tensors = list(dict.fromkeys(wanted.values()))
-    if not tensors:
-        return {}
-    session = probe_session(model, tensors)
     sums: dict[str, np.ndarray] = {}
-    for feeds in feeds_list:
-        for name, value in zip(tensors, session.run(tensors, feeds)):
-            rows = np.asarray(value, dtype=np.float64).reshape(-1, value.shape[-1])
-            sums[name] = sums.get(name, 0.0) + rows.T @ rows
+    for name, value in probed_activations(model, list(dict.fromkeys(wanted.values())), feeds_list):
+        rows = np.asarray(value, dtype=np.float64).reshape(-1, value.shape[-1])
+        sums[name] = sums.get(name, 0.0) + rows.T @ rows
     return {w: sums[x] for w, x in wanted.items()}
 
 
@@ -89,6 +84,16 @@ def output_error(weight: np.ndarray, dequantized: np.ndarray, hessian: np.ndarra
     return float(np.einsum("ij,ik,kj->", e, hessian, e))
 
 
+def round_with_report(name: str, weight: np.ndarray, nearest: np.ndarray, scale: np.ndarray,
+                      hessian: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """GPTQ int8 values of ``weight`` on ``scale``, and the report row comparing them with ``nearest``."""
+    rounded = gptq_round(weight, scale, hessian)
+    before = output_error(weight, nearest * scale, hessian)
+    after = output_error(weight, rounded * scale, hessian)
+    return rounded, {"weight": name, "error_nearest": before, "error_gptq": after,
+                     "error_ratio": after / before if before else 1.0}
+
+
 def apply_gptq(fp32_model, quantized_path: Path, hessians: dict[str, np.ndarray],
                cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Replace the int8 weights of the dynamically quantised model at ``quantized_path`` (quantised from
@@ -114,18 +119,13 @@ def apply_gptq(fp32_model, quantized_path: Path, hessians: dict[str, np.ndarray]
                             "int8-dynamic defaults")
         scale = numpy_helper.to_array(s_init).astype(np.float64)
         key = (name, scale.tobytes())
-        if cache is None or key not in cache:
-            weight = numpy_helper.to_array(originals[name])
-            rounded = gptq_round(weight, scale, hessian)
-            computed = (rounded, output_error(weight, nearest * scale, hessian),
-                        output_error(weight, rounded * scale, hessian))
-            if cache is None:
-                cache = {}
-            cache[key] = computed
-        rounded, before, after = cache[key]
+        if cache is None:
+            cache = {}
+        if key not in cache:
+            cache[key] = round_with_report(name, numpy_helper.to_array(originals[name]), nearest, scale, hessian)
+        rounded, row = cache[key]
         q_init.CopyFrom(numpy_helper.from_array(rounded, q_init.name))
-        rows.append({"weight": name, "error_nearest": before, "error_gptq": after,
-                     "error_ratio": after / before if before else 1.0})
+        rows.append(row)
     save_onnx(quantized, quantized_path)
     return report_section(rows)
 

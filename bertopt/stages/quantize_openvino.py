@@ -59,12 +59,10 @@ def check_config(art, model, config: dict[str, Any]) -> None:
     if not set(WEIGHT_INPUTS) & set(config["op_types"]):
         raise UserError("--runtime openvino quantises weight MatMuls and embedding tables (Gather); name MatMul "
                         "and/or Gather in --op-types")
-    from bertopt.stages.compile import ort_contrib_ops
+    from bertopt.stages.compile import refuse_ort_contrib_ops
 
-    fused = ort_contrib_ops(model)
-    if fused:
-        raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO cannot "
-                        "read; quantise the exported or pruned artifact (before 'optimize') with --runtime openvino")
+    refuse_ort_contrib_ops(art, model, "quantise the exported or pruned artifact (before 'optimize') with "
+                           "--runtime openvino")
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     if opset < MIN_OPSET:
         raise UserError(f"{art.path} uses ONNX opset {opset}; per-channel int8 weights need opset {MIN_OPSET} or "
@@ -112,13 +110,9 @@ def round_weight(weight: np.ndarray, axis: int, hessian: np.ndarray | None, cach
     row = None
     q = nearest
     if hessian is not None and axis == 1:
-        from bertopt.stages.gptq import gptq_round, output_error
+        from bertopt.stages.gptq import round_with_report
 
-        q = gptq_round(weight, scale, hessian)
-        before = output_error(weight, nearest * scale, hessian)
-        after = output_error(weight, q * scale, hessian)
-        row = {"weight": key, "error_nearest": before, "error_gptq": after,
-               "error_ratio": after / before if before else 1.0}
+        q, row = round_with_report(key, weight, nearest, scale, hessian)
     result = (q, scale.astype(np.float32), row)
     if cache is not None:
         cache[key] = result
@@ -172,7 +166,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.stages.compile import _precision_label
     from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
     from bertopt.stages.quantize import _ensure_node_names
-    from bertopt.stages.quantize_int8 import load_calibration_texts, sentence_feeds
+    from bertopt.stages.quantize_int8 import calibration_statistics, load_calibration_texts
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
     model = load_onnx(art.model_path)
@@ -185,14 +179,9 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} with a weight to quantise (or all are in "
                         "--exclude-nodes)")
-    texts = None
-    hessians = None
-    if config["weight_rounding"] == "gptq" or config["accuracy_target"]:
-        texts = load_calibration_texts(config)
-    if config["weight_rounding"] == "gptq":
-        from bertopt.stages.gptq import input_hessians
-
-        hessians = input_hessians(model, sentence_feeds(art, texts))
+    # GPTQ's X^T X per weight (check_config has refused the graph rewrites, so the model is unchanged)
+    model, _, _, hessians = calibration_statistics(art, model, config)
+    texts = load_calibration_texts(config) if config["accuracy_target"] else None
     options = runtime_options(config)
     precision = _precision_label("int8-dynamic", config["inference_precision"])
     cache: dict = {}

@@ -107,6 +107,15 @@ def probe_session(model, tensors: list[str]):
     return ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
 
 
+def probed_activations(model, tensors: list[str], feeds_list: list[dict[str, np.ndarray]]):
+    """(tensor name, value) of each intermediate tensor in ``tensors``, for every feed in turn."""
+    if not tensors:
+        return
+    session = probe_session(model, tensors)
+    for feeds in feeds_list:
+        yield from zip(tensors, session.run(tensors, feeds))
+
+
 def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: list[str],
                    skip_first_token: bool = False) -> dict[str, np.ndarray]:
     """Per input channel max |X| of each named node's activation input over every feed (one sentence each);
@@ -114,18 +123,14 @@ def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: l
     graph = model.graph
     nodes = {n.name: n for n in graph.node}
     tensors = list(dict.fromkeys(nodes[n].input[0] for n in node_names))
-    if not tensors:
-        return {}
-    session = probe_session(model, tensors)
     maxima: dict[str, np.ndarray] = {}
-    for feeds in feeds_list:
-        for name, value in zip(tensors, session.run(tensors, feeds)):
-            value = np.abs(np.asarray(value, dtype=np.float32))
-            rows = value.reshape(value.shape[0], -1, value.shape[-1]) if value.ndim == 3 else value[None]
-            if skip_first_token and rows.shape[1] > 1:
-                rows = rows[:, 1:]
-            m = rows.reshape(-1, rows.shape[-1]).max(axis=0)
-            maxima[name] = m if name not in maxima else np.maximum(maxima[name], m)
+    for name, value in probed_activations(model, tensors, feeds_list):
+        value = np.abs(np.asarray(value, dtype=np.float32))
+        rows = value.reshape(value.shape[0], -1, value.shape[-1]) if value.ndim == 3 else value[None]
+        if skip_first_token and rows.shape[1] > 1:
+            rows = rows[:, 1:]
+        m = rows.reshape(-1, rows.shape[-1]).max(axis=0)
+        maxima[name] = m if name not in maxima else np.maximum(maxima[name], m)
     return {n: maxima[nodes[n].input[0]] for n in node_names}
 
 
