@@ -304,6 +304,19 @@ def token_entities(predictor, texts: Sequence[str], token_logits: Sequence[np.nd
     return out
 
 
+def jsonable(value: Any) -> Any:
+    """Results as plain JSON values: numpy arrays and scalars become lists and numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
 # -- the Predictor's task-level calls ------------------------------------------------------------------------
 def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, *,
             aggregation: str = "simple", ignore_labels: Sequence[str] | None = None) -> list[Any]:

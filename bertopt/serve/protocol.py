@@ -107,6 +107,13 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
                             "send a JSON list of strings", identity, request_id)
     if not texts:
         raise ProtocolError("request has no texts; send at least one string", identity, request_id)
+    from bertopt.serve.task_replies import check_items, is_predict_request
+
+    if is_predict_request(texts) or any(isinstance(t, dict) for t in texts):  # Client.predict: task results
+        problem = check_items(texts)
+        if problem:
+            raise ProtocolError(f"malformed predict request: {problem}", identity, request_id)
+        return Request(identity, request_id, None, texts)
     for i, text in enumerate(texts):
         if isinstance(text, str):
             continue
@@ -126,7 +133,10 @@ def ndarray_reply(identity: bytes, request_id: bytes, array: np.ndarray) -> list
 
 
 def error_reply(identity: bytes, request_id: bytes, message: str) -> list[bytes]:
-    return [identity, json.dumps({"error": message}).encode(), b"", request_id]
+    # "dtype" carries the message too: bert-serving-client reads only dtype/shape, and numpy's "data type
+    # '<message>' not understood" is how its user gets to see why
+    return [identity, json.dumps({"error": message, "dtype": f"bertopt serve error: {message}"}).encode(), b"",
+            request_id]
 
 
 def config_reply(identity: bytes, request_id: bytes, config: dict[str, Any]) -> list[bytes]:
@@ -134,12 +144,14 @@ def config_reply(identity: bytes, request_id: bytes, config: dict[str, Any]) -> 
 
 
 def decode_reply(frames: list[bytes]) -> tuple[int, Any]:
-    """Client side: (request id, ndarray | config dict | error message as ProtocolError)."""
+    """Client side: (request id, ndarray | config dict | task results list | error message as ProtocolError)."""
     request_id = int(frames[-1])
     if len(frames) == 3:
         return request_id, json.loads(frames[1])
     info = json.loads(frames[1])
     if "error" in info:
         return request_id, ProtocolError(info["error"])
+    if "results" in info:
+        return request_id, info["results"]
     array = np.frombuffer(frames[2], dtype=info["dtype"]).reshape(info["shape"])
     return request_id, array

@@ -83,14 +83,19 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     seq = int(max_seq_len or info.get("max_seq_len") or model_max)
     if seq > model_max:
         raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    from bertopt.runtime.tasks import task_of
+
+    task = task_of(art)
     outputs = {o["name"]: o for o in art.outputs}
     primary = info.get("primary_output") or art.outputs[-1]["name"]
     shape = outputs[primary].get("shape", [])
-    if "sequence" in [str(d) for d in shape]:
+    if task == "token-classification":  # entities, through Client.predict
+        shape = []
+    elif "sequence" in [str(d) for d in shape]:
         raise UserError(f"the artifact's primary output {primary!r} is per-token; bertopt serve returns one "
                         "vector per text, serve a pooled (sentence-embedding or classifier) artifact")
     return {"artifact": str(art.path.absolute()), "digest": art.digest, "precision": art.precision,
-            "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None}
+            "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None, "task": task}
 
 
 def _curve_server_keys(keys_dir: str | None) -> tuple[str, str] | None:

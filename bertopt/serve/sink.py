@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict, deque
 
 from bertopt.serve.protocol import CONFIG, ERROR, RESULT, SINK_STOP, config_reply, error_reply, ndarray_reply
+from bertopt.serve.task_replies import TASK_RESULT, TaskAssembly, task_reply
 
 log = logging.getLogger("bertopt.serve.sink")
 FINISHED_MEMORY = 200_000  # answered request keys remembered to drop late duplicates
@@ -37,12 +38,31 @@ class Assembler:
         self.open: dict[tuple[bytes, bytes], dict] = {}
         self.finished: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0}
+        self.tasks = TaskAssembly()  # predict requests: JSON task results
 
     def _finish(self, key) -> None:
         self.finished[key] = None
         if len(self.finished) > FINISHED_MEMORY:
             self.finished.popitem(last=False)
         self.open.pop(key, None)
+        self.tasks.open.pop(key, None)
+
+    def task_result(self, identity, request_id, job_index, n_jobs, n_texts, offset, payload):
+        """Like ``result`` for a predict request's slice of JSON task results."""
+        key = (identity, request_id)
+        if key in self.finished:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        results = self.tasks.add(key, job_index, n_jobs, n_texts, offset, payload)
+        if results is False:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        self.counters["results"] += 1
+        if results is None:
+            return None
+        self._finish(key)
+        self.counters["replies"] += 1
+        return task_reply(identity, request_id, results)
 
     def result(self, identity, request_id, job_index, n_jobs, n_texts, offset, dim, data):
         """Returns the reply frames when this result completes its request, else None."""
@@ -158,6 +178,9 @@ def run_sink(cfg: dict) -> int:
                     identity, request_id = frames[1], frames[2]
                     job_index, n_jobs, n_texts, offset, dim = (int(f) for f in frames[3:8])
                     reply = asm.result(identity, request_id, job_index, n_jobs, n_texts, offset, dim, frames[8])
+                elif tag == TASK_RESULT and len(frames) == 8:
+                    job_index, n_jobs, n_texts, offset = (int(f) for f in frames[3:7])
+                    reply = asm.task_result(frames[1], frames[2], job_index, n_jobs, n_texts, offset, frames[7])
                 elif tag == ERROR and len(frames) == 4:
                     reply = asm.error(frames[1], frames[2], frames[3].decode(errors="replace"))
                 elif tag == CONFIG and len(frames) == 4:

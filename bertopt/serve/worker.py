@@ -20,7 +20,15 @@ import sys
 import threading
 import traceback
 
+from bertopt.errors import UserError
 from bertopt.serve.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.serve.task_replies import (
+    TASK_RESULT,
+    TaskRequestError,
+    check_encode_request,
+    is_predict_request,
+    predict_payload,
+)
 
 log = logging.getLogger("bertopt.serve.worker")
 
@@ -70,9 +78,17 @@ def run_worker(cfg: dict) -> int:
                 _, job_id, _lane, identity, request_id, job_index, n_jobs, n_texts, offset, payload = frames
                 try:
                     texts = json.loads(payload)
+                    if is_predict_request(texts):  # Client.predict: the task's results, as JSON
+                        sink.send_multipart([TASK_RESULT, identity, request_id, job_index, n_jobs, n_texts, offset,
+                                             predict_payload(predictor, texts)])
+                        done.send_multipart([DONE, job_id])
+                        continue
+                    check_encode_request(predictor)
                     array = np.ascontiguousarray(predictor.encode(texts), dtype=np.float32)
                     sink.send_multipart([RESULT, identity, request_id, job_index, n_jobs, n_texts, offset,
                                          num(array.shape[1]), memoryview(array).cast("B")])
+                except (TaskRequestError, UserError) as exc:  # the request asks for what the model cannot do
+                    sink.send_multipart([ERROR, identity, request_id, str(exc).encode()])
                 except Exception as exc:  # the request gets an error reply instead of silence
                     log.error("worker %d: mini-job %s failed: %s", index, job_id.decode(), traceback.format_exc())
                     sink.send_multipart([ERROR, identity, request_id,
