@@ -89,15 +89,13 @@ PARAMS = [
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
-    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.common import format_handler, require_onnx_artifact
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format in ("tf-graphdef", "tf-savedmodel"):
         if config["mode"] != "fp16":
             raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
-        from bertopt.tf.fp16 import quantize_tf_fp16
-
-        return quantize_tf_fp16(art, config, out_dir, overwrite)
+        return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
     if config["runtime"] == "openvino":
         from bertopt.stages.quantize_openvino import quantize_int8_openvino
 
