@@ -6,7 +6,7 @@ A *predict* request (``bertopt.client.Client.predict``) is a JSON list of object
 
 The worker runs ``Predictor.predict`` on its slice and sends the JSON results to the sink
 (``[b"T", identity, request_id, job_index, n_jobs, n_texts, offset, results_json]``); the sink puts the slices
-together and replies ``[identity, {"task": ..., "results": [...]}, b"", request_id]``.
+together and replies ``[identity, {"results": [...]}, b"", request_id]``.
 
 A plain request (a list of strings: bert-serving-client, ``Client.encode``) still gets an embedding array
 from an embedding model; a task model answers it with an error that says to use ``Client.predict``.
@@ -16,39 +16,13 @@ from __future__ import annotations
 
 import json
 
+from bertopt.protocol import is_predict_request  # noqa: F401  (re-exported for the worker)
+
 TASK_RESULT = b"T"
-ITEM_KEYS = {"text", "pair", "aggregation"}
 
 
 class TaskRequestError(ValueError):
     """A request this artifact cannot answer (the message goes back to the client)."""
-
-
-def is_predict_request(items: list) -> bool:
-    return bool(items) and isinstance(items[0], dict)
-
-
-def check_items(items: list) -> str | None:
-    """Why a predict request's items are malformed (None when they are fine); used by the request parser."""
-    dicts = [isinstance(i, dict) for i in items]
-    if any(dicts) and not all(dicts):
-        return "a request mixes texts and predict objects; send a list of strings or a list of objects"
-    if not any(dicts):
-        return None
-    for n, item in enumerate(items):
-        extra = set(item) - ITEM_KEYS
-        if extra:
-            return f"item {n} has unknown key(s) {sorted(extra)}; use text, pair and aggregation"
-        if not isinstance(item.get("text"), str):
-            return f"item {n} has no 'text' string"
-        for key in ("pair", "aggregation"):
-            if key in item and not isinstance(item[key], str):
-                return f"item {n}: '{key}' must be a string"
-    if len({"pair" in i for i in items}) > 1:
-        return "some items have a 'pair' and some do not; give every item a pair or none"
-    if len({i.get("aggregation", "simple") for i in items}) > 1:
-        return "items ask for different aggregations; use one per request"
-    return None
 
 
 def predict_payload(predictor, items: list) -> bytes:

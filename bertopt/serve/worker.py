@@ -21,7 +21,7 @@ import threading
 import traceback
 
 from bertopt.errors import UserError
-from bertopt.serve.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
 from bertopt.serve.task_replies import (
     TASK_RESULT,
     TaskRequestError,
