@@ -135,7 +135,7 @@ class ResponseFormat:
 
     def __init__(self, model_info: dict[str, Any], digest: str):
         self.digest = digest
-        self.classifier = model_info.get("task") == "classifier"
+        self.classifier = model_info.get("task") in ("classifier", "classification")
         id2label = model_info.get("id2label") or {}
         self.labels = {int(k): v for k, v in id2label.items()}
 
