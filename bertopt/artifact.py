@@ -162,8 +162,11 @@ class Artifact:
 
     @property
     def model_info(self) -> dict[str, Any]:
-        """Architecture facts (hidden size, heads, layers, pooling, task) carried from the source."""
-        return self.manifest.get("model", {})
+        """Architecture facts (family, hidden size, heads, layers, pooling, task, labels) carried from the source.
+
+        Manifests written before the task contract name tasks differently ("classifier", "sentence-embedding",
+        "encoder") and name no family (they are all BERT); both are read in today's terms."""
+        return canonical_model_info(self.manifest.get("model", {}))
 
     @property
     def lineage(self) -> dict[str, Any]:
@@ -207,6 +210,23 @@ class Artifact:
 
     def __repr__(self) -> str:
         return f"Artifact({str(self.path)!r}, {self.model_format}, {self.precision})"
+
+
+def canonical_model_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with the task in the contract's names and the family, id2label, problem_type and pair_input set."""
+    from bertopt.families import OLD_TASK_NAMES
+
+    if not info:
+        return info
+    out = dict(info)
+    out["task"] = OLD_TASK_NAMES.get(out.get("task") or "embedding", out.get("task") or "embedding")
+    out.setdefault("family", "bert")
+    out.setdefault("pair_input", out["task"] == "rerank")
+    if out["task"] in ("classification", "rerank", "token-classification"):
+        out.setdefault("id2label", None)
+    if out["task"] == "classification":
+        out.setdefault("problem_type", "single_label_classification")
+    return out
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
