@@ -142,8 +142,8 @@ def classify(logits: np.ndarray, model_info: dict[str, Any]) -> list[dict[str, A
 # -- rerank --------------------------------------------------------------------------------------------------
 def rerank_activation(model_info: dict[str, Any]) -> str:
     """sentence-transformers' CrossEncoder applies sigmoid to a single logit unless the model says otherwise
-    (``activation`` in the manifest: sigmoid, identity/none)."""
-    name = str(model_info.get("activation") or "sigmoid").lower()
+    (``score_activation`` in the manifest, from the CrossEncoder's config: sigmoid, identity)."""
+    name = str(model_info.get("score_activation") or model_info.get("activation") or "sigmoid").lower()
     if name.endswith("identity") or name == "none":
         return "identity"
     if name.endswith("sigmoid"):
