@@ -35,3 +35,19 @@ def test_bench_records_the_task_figures(task_artifact, tmp_path, task):
     console.print(results_table(results, s, "bench"))
     shown = console.export_text()
     assert "F1" in shown if task == "token-classification" else "top1" in shown or "ndcg" in shown or "terms" in shown
+
+
+def test_bench_cli_reference_prints_and_records_the_task_figures(task_artifact, tmp_path, cli):
+    import json
+
+    _, art = task_artifact("token-classification", "roberta")
+    out = tmp_path / "bench.json"
+    code, stdout, err = cli("bench", art.path, "--rounds", "1", "--texts", "8", "--mixed-texts", "8",
+                            "--latency-calls", "2", "--batch-size", "4", "--seq-len", "24", "--latency-seq-len", "8",
+                            "--reference", "--corpus-texts", "24", "--json", out)
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    task = rows["art"]["fidelity"]["task"]
+    assert task["task"] == "token-classification"
+    assert task["entity_f1"] == pytest.approx(1.0, abs=1e-3)  # the fp32 export against PyTorch with its head
+    assert f"F1 {task['entity_f1']:.3f}" in " ".join(stdout.split())
