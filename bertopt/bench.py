@@ -323,9 +323,10 @@ def results_table(results: list[dict[str, Any]], settings: Settings, title: str,
             row += [f"{v['padded']:.2f}", f"{v['mixed']:.2f}", f"{v['latency_p50']:.2f}"] if v else ["-"] * 3
         f = r.get("fidelity")
         if f:
-            row += [f"{f['corpus']['cos_mean']:.6f}", f"{f['corpus']['cos_min']:.6f}", f"{f['padded']['cos_min']:.5f}",
-                    f"{f['mixed']['cos_min']:.5f}", f"{f['corpus'].get('neighbour_agreement_at_10', float('nan')):.3f}",
-                    task_figures(f)]
+            nan = float("nan")  # a rerank score has no cosine: its figures are in the task column
+            row += [f"{f['corpus'].get('cos_mean', nan):.6f}", f"{f['corpus'].get('cos_min', nan):.6f}",
+                    f"{f['padded'].get('cos_min', nan):.5f}", f"{f['mixed'].get('cos_min', nan):.5f}",
+                    f"{f['corpus'].get('neighbour_agreement_at_10', nan):.3f}", task_figures(f)]
         else:
             row += ["-"] * 6
         table.add_row(*row)

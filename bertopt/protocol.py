@@ -162,8 +162,9 @@ def ndarray_reply(identity: bytes, request_id: bytes, array: np.ndarray) -> list
 
 
 def error_reply(identity: bytes, request_id: bytes, message: str) -> list[bytes]:
-    # "dtype" carries the message too: bert-serving-client reads only dtype/shape, and numpy's "data type
-    # '<message>' not understood" is how its user gets to see why
+    # "dtype" carries the message too: bert-serving-client reads only dtype/shape, and numpy's refusal of that
+    # dtype ("data type '<message>' not understood" / "format ... of '<message>' is not recognized") is how its
+    # user gets to see why
     return [identity, json.dumps({"error": message, "dtype": f"bertopt serve error: {message}"}).encode(), b"",
             request_id]
 

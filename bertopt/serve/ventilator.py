@@ -329,6 +329,7 @@ class Ventilator:
             "digest": c["digest"],
             "precision": c["precision"],
             "embedding_dim": c["embedding_dim"],
+            "task": c.get("task", "embedding"),  # what Client.predict returns (bertopt.runtime.tasks)
             "max_seq_len": c["max_seq_len"],
             "max_batch_size": c["max_batch_size"],
             "priority_batch_size": c["priority_batch_size"],
