@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from bertopt.artifact import Artifact
+from bertopt.artifact import Artifact, primary_output
 from bertopt.errors import UserError
 from bertopt.runtime.backends import describe, open_session
 
@@ -85,7 +85,7 @@ class Predictor:
                             "re-create the artifact")
         self.outputs = {o["name"]: o for o in artifact.outputs}
         self.output_names = [o["name"] for o in artifact.outputs]
-        self.primary_output = info.get("primary_output") or self.output_names[-1]
+        self.primary_output = primary_output(artifact)
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
         self._lock = threading.Lock()  # sessions are thread-safe; counters are not
 
