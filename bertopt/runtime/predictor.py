@@ -13,11 +13,10 @@ output (attention masks it), so bucketing changes speed, not values.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -227,17 +226,3 @@ class Predictor:
         if self.is_token_level(self.primary_output):
             raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")
         return out
-
-    def iter_encode(self, texts: Iterable[str], chunk: int = 1024):
-        buf: list[str] = []
-        for t in texts:
-            buf.append(t)
-            if len(buf) >= chunk:
-                yield self.encode(buf)
-                buf = []
-        if buf:
-            yield self.encode(buf)
-
-
-def read_manifest_only(path: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(path) / "bertopt.json").read_text())
