@@ -87,7 +87,7 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
 
     task = task_of(art)
     outputs = {o["name"]: o for o in art.outputs}
-    primary = info.get("primary_output") or art.outputs[-1]["name"]
+    primary = art.primary_output
     shape = outputs[primary].get("shape", [])
     if task == "token-classification":  # entities, through Client.predict
         shape = []

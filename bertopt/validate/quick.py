@@ -33,7 +33,7 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
 
     names = [n for n in art.output_names if n in ref.output_names]
-    kinds = {o["name"]: o.get("kind", "embedding") for o in artifact.outputs}
+    kinds = artifact.output_kinds
     task = task_of(artifact)
     inputs, pairs = texts, None
     if task == "rerank":  # a cross-encoder scores pairs: the first texts rank the next ones
