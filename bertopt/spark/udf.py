@@ -272,7 +272,9 @@ def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
     specs = {o["name"]: o for o in art.outputs}
     logits = [name for name, o in specs.items() if o.get("kind") == "logits"]
     if outputs is None:
-        primary = art.model_info.get("primary_output") or (art.outputs[-1]["name"] if art.outputs else None)
+        from bertopt.artifact import primary_output
+
+        primary = primary_output(art)
         if primary is None or not _is_pooled(specs[primary]):
             pooled = [name for name, o in specs.items() if _is_pooled(o)]
             if not pooled:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import THREADS, Param
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -82,6 +82,7 @@ PARAMS = [
           "in the float precision (weights-only int8).",
           check=lambda v: None if v >= 0 else "must be 0 (off) or a positive channel count"),
     _compile_param("inference_precision"),
+    THREADS,
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
