@@ -142,27 +142,64 @@ def _max_abs_diff_vs_torch(writer, module, names, texts, info, inputs) -> float:
     return worst
 
 
+def _onnx_companion_folders(source, config) -> list[Path]:
+    """Where an ONNX file's tokenizer and config live: --tokenizer, its own folder, or the folder above (the
+    layout sentence-transformers and Optimum use for ``onnx/model.onnx``)."""
+    folder = source.path.parent
+    return [Path(config["tokenizer"])] if config["tokenizer"] else [folder, folder.parent]
+
+
 def import_onnx(source, config, out_dir: Path, overwrite: bool):
-    import shutil
+    """An ONNX file (bertopt's, Optimum's, sentence-transformers' own export) as an artifact: inputs and task from
+    the graph's names and shapes, family, labels and positions from the config.json beside it, tokenizer from
+    its folder, external data files carried along."""
+    import json
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.errors import require
-    from bertopt.sources.hf import copy_tokenizer
-    from bertopt.stages.onnx_util import describe_io, load_onnx
+    from bertopt.families import family_for_config
+    from bertopt.sources.hf import copy_tokenizer, read_model_info
+    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx
 
     require("onnx", "onnx", "importing ONNX models")
     model = load_onnx(source.path)
-    tok_dir = Path(config["tokenizer"]) if config["tokenizer"] else source.path.parent
-    if not ((tok_dir / "tokenizer.json").exists() or (tok_dir / "vocab.txt").exists()):
-        raise UserError(f"no tokenizer.json or vocab.txt next to {source.path}; pass --tokenizer FOLDER")
-    inputs, outputs, info = describe_io(model)
+    folders = _onnx_companion_folders(source, config)
+    tokenizer_files = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model", "sentencepiece.bpe.model")
+    tok_dir = next((f for f in folders if any((f / n).exists() for n in tokenizer_files)), None)
+    if tok_dir is None:
+        raise UserError(f"no tokenizer (tokenizer.json, vocab.txt, vocab.json + merges.txt) next to {source.path} "
+                        "or in the folder above; pass --tokenizer FOLDER")
+    cfg_dir = next((f for f in folders if (f / "config.json").exists()), None)
+    hf_config = json.loads((cfg_dir / "config.json").read_text()) if cfg_dir else {}
+    inputs, outputs, info = describe_io(model, vocab_size=hf_config.get("vocab_size"))
+    if config.get("task") and config["task"] != info["task"]:
+        raise UserError(f"{source.path} computes {info['task']} (outputs: {', '.join(o['name'] for o in outputs)}), "
+                        f"not {config['task']}; export the Hugging Face folder with --task {config['task']}")
+    if hf_config:
+        family_for_config(hf_config, str(cfg_dir))  # refuse a decoder before any work
+        try:
+            detected = read_model_info(cfg_dir, task=info["task"])
+        except UserError:
+            detected = read_model_info(cfg_dir, task="embedding")  # the config names a base model only
+        detected.update({k: v for k, v in info.items() if k in ("task", "primary_output")})
+        if info["task"] in ("classification", "rerank", "token-classification") and "num_labels" not in detected:
+            labels = int(next(o for o in outputs if o["name"] == info["primary_output"])["shape"][-1])
+            detected.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
+                            pair_input=info["task"] == "rerank")
+        info = detected
+    else:
+        info["family"] = "bert"
+        info["pair_input"] = info["task"] == "rerank"
     if config["max_seq_len"]:
         info["max_seq_len"] = config["max_seq_len"]
     with ArtifactWriter(out_dir, stage=NAME, params=config, source=source.to_manifest(),
                         overwrite=overwrite) as w:
         w.model_info = info
-        copy_tokenizer(tok_dir, w.dir / "tokenizer")
-        shutil.copy2(source.path, w.dir / "model.onnx")
+        copy_tokenizer(tok_dir, w.dir / "tokenizer", family=info.get("family"), vocab_size=info.get("vocab_size"))
+        copy_onnx(source.path, w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", inputs, outputs, precision="fp32")
-        w.report["exporter"] = "import (ONNX file copied as is)"
+        w.report["exporter"] = "import (ONNX file copied as is, with its external data)"
+        w.report["recognised"] = {"task": info["task"], "inputs": [i["name"] for i in inputs],
+                                  "outputs": {o["name"]: o["kind"] for o in outputs},
+                                  "config": str(cfg_dir / "config.json") if cfg_dir else None}
     return w.artifact

@@ -85,7 +85,7 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "fp16 conversion")
     if config["accuracy_target"]:
@@ -96,6 +96,7 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         save_onnx(model, w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({"before": before, "after": graph_stats(model), "kept_fp32_nodes": kept,
@@ -113,7 +114,7 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
     from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
     from bertopt.stages.calibration import load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -144,6 +145,7 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
             (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
             blocked = kept_by_convert[str(result["model"])]
         converted = load_onnx(w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({"before": before, "after": graph_stats(converted),

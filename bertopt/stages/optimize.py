@@ -28,7 +28,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
@@ -55,6 +55,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         save_onnx(optimized.model, w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=art.precision)
         w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model),
                          "fusion_model_type": family.fusion_model_type, "family": family.name})
