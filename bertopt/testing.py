@@ -127,7 +127,7 @@ def _family_recipe(family: str):
 
 
 def _family_config(family: str, vocab_size: int, ids: dict[str, int], hidden: int, layers: int, heads: int,
-                   positions: int, extra: dict):
+                   positions: int, extra: dict, intermediate: int | None = None):
     import transformers
 
     cls_name = _family_recipe(family)[4]
@@ -135,9 +135,10 @@ def _family_config(family: str, vocab_size: int, ids: dict[str, int], hidden: in
     pad = next(i for t, i in ids.items() if "pad" in t.lower())
     common = {"vocab_size": vocab_size, "pad_token_id": pad, "initializer_range": 0.2}
     if family == "distilbert":
-        return cfg_cls(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=hidden * 2,
+        return cfg_cls(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=intermediate or hidden * 2,
                        max_position_embeddings=positions, **common)
-    kw = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=hidden * 2,
+    kw = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+              intermediate_size=intermediate or hidden * 2,
               **common, **extra)
     if family in ("roberta", "xlm-roberta", "mpnet"):
         # RoBERTa-style positions start at padding_idx + 1: the table has two rows real tokens never use
@@ -162,7 +163,8 @@ def _family_config(family: str, vocab_size: int, ids: dict[str, int], hidden: in
 def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *, pooling: str | list = "mean",
                             normalize: bool = True, dense: dict | None = None, seed: int = 0, layers: int = 2,
                             hidden: int = 32, heads: int = 4, positions: int = 128, vocab_size: int = 800,
-                            num_labels: int = 3, multi_label: bool = False, slow_tokenizer_only: bool = False) -> Path:
+                            num_labels: int = 3, multi_label: bool = False, slow_tokenizer_only: bool = False,
+                            intermediate: int | None = None) -> Path:
     """A random model of ``family`` with ``task``'s head, its own tokenizer kind trained on bertopt's built-in
     text, saved as its users save it: ``save_pretrained`` (safetensors) plus, for embeddings, a
     sentence-transformers pipeline (Pooling ``pooling``, optional ``dense`` {"out_features", "activation"},
@@ -180,7 +182,8 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tiny_tokenizer(kind, specials, vocab_size=vocab_size, lowercase=lowercase, pair_style=pair_style)
     ids = {t: tok.token_to_id(t) for t in specials}
-    config = _family_config(family, tok.get_vocab_size(), ids, hidden, layers, heads, positions, extra)
+    config = _family_config(family, tok.get_vocab_size(), ids, hidden, layers, heads, positions, extra,
+                            intermediate)
     head = {"embedding": transformers.AutoModel, "classification": transformers.AutoModelForSequenceClassification,
             "rerank": transformers.AutoModelForSequenceClassification,
             "token-classification": transformers.AutoModelForTokenClassification,
