@@ -43,9 +43,16 @@ def _stage_command(name: str):
         if name in ("export", "freeze") else "ARTIFACT folder"
 
     def command(**kwargs: Any) -> None:
+        from bertopt.errors import check_writable
+        from bertopt.params import resolve_config
         from bertopt.registry import run_stage
 
         given = {k: v for k, v in kwargs.items() if k not in ("input", "out", "force") and v is not None}
+        # every option and the output folder are checked before the stage does any work
+        from bertopt.registry import preflight_stage
+
+        preflight_stage(stage, resolve_config(stage.PARAMS, given, name), name)
+        check_writable(kwargs["out"], "--out")
         with console.status(f"[bold]{name}[/] {kwargs['input']} ..."):
             art = run_stage(name, kwargs["input"], given, kwargs["out"], overwrite=kwargs["force"])
         _print_stage_result(art)
@@ -203,10 +210,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except exit_ as exc:
         sys.exit(exc.exit_code)
-    except click_error as exc:  # usage errors: bad option, missing argument
-        exc.show()
+    except click_error as exc:  # usage errors: bad option, missing argument, a number out of range
+        err_console.print(f"[bold red]error:[/] {_usage_line(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     sys.exit(0)
+
+
+def _usage_line(exc) -> str:
+    """A click usage error as one line naming the problem and where to look for the fix."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "bertopt"
+    return f"{message}; see '{command} --help'"
 
 
 def _quiet_third_party_output() -> None:

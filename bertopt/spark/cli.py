@@ -34,11 +34,13 @@ def register(app: typer.Typer) -> None:
                                                "models."),
         master: str = typer.Option("local[2]", "--master", help="Spark master URL: local[N] runs N tasks in this "
                                    "machine; spark://host:7077, yarn, k8s://... for a cluster."),
-        partitions: Optional[int] = typer.Option(None, "--partitions", help="Repartition the input into N parts "
+        partitions: Optional[int] = typer.Option(None, "--partitions", min=1, help="Repartition the input into N parts "
                                                  "(default: at least one per task slot)."),
-        batch_size: int = typer.Option(32, "--batch-size", help="Texts per model call (rows are sorted by length "
+        batch_size: int = typer.Option(32, "--batch-size", min=1,
+                                       help="Texts per model call (rows are sorted by length "
                                        "within each Arrow batch first)."),
-        max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Truncate texts to this many tokens "
+        max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", min=1,
+                                                  help="Truncate texts to this many tokens "
                                                   "(default: the artifact's)."),
         fmt: str = typer.Option("auto", "--format", help="Input format: auto (from the file name), parquet, csv, "
                                 "text."),

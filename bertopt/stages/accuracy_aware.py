@@ -228,6 +228,10 @@ def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: 
                         "check --op-types")
     predictor = Predictor(art, provider="cpu", verify=False) if config["mode"] == "int8-static" else None
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        from bertopt.stages.quantize_int8 import declared_batch_dependence
+
+        if declared_batch_dependence(config):
+            w.extra["batch_invariance"] = declared_batch_dependence(config)
         w.copy_tokenizer(art)
         with tempfile.TemporaryDirectory(prefix="bertopt-aaq-") as tmp:
             tmp = Path(tmp)

@@ -132,6 +132,15 @@ def calibration_statistics(art, model, config):
     return model, fp32_added, outliers, hessians
 
 
+def declared_batch_dependence(config) -> dict | None:
+    """ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so a text's output depends on
+    its neighbours: said in the manifest when the artifact is made (``validate`` replaces it with a figure)."""
+    if config["mode"] != "int8-dynamic":
+        return None
+    return {"invariant": False, "batch_dev": None, "measured_by": None,
+            "why": "ONNX Runtime dynamic int8: one activation scale per batch matrix"}
+
+
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
@@ -174,6 +183,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
                 gptq_report = apply_gptq(model, w.dir / "model.onnx", hessians)
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
+        if declared_batch_dependence(config):
+            w.extra["batch_invariance"] = declared_batch_dependence(config)
         stats = check_against(w, art, corpus())
         excluded = [n for n in config["exclude_nodes"] if n in candidates]
         w.report.update({"before": before, "after": graph_stats(q),
