@@ -13,12 +13,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from bertopt.errors import GateFailed, UserError
-
-console = Console()
-err_console = Console(stderr=True)
+from bertopt.reporting import console, err_console
 
 app = typer.Typer(
     name="bertopt",

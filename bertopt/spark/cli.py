@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from bertopt.cli import console
+        from bertopt.reporting import console
         from bertopt.spark.job import spark_predict
 
         # pyspark warns about pandas 3 on every UDF; it works, and the warning would bury the progress bar

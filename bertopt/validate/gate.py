@@ -9,12 +9,11 @@ model cannot run) are ``UserError`` (exit 2) raised before anything is run or wr
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -148,14 +147,25 @@ def _prepare_report_dir(report_dir: Path) -> None:
                             "choose another --report-dir")
 
 
-def _spark_check(artifact, data, config):
-    if importlib.util.find_spec("bertopt.spark") is None or importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
-    from bertopt.spark.validate import spark_check
+# checks run by another part (Spark registers "spark": the UDF against the in-process runtime), so validate/
+# never imports that part
+_RUNNER_CHECKS: dict[str, Callable] = {}
 
-    return spark_check(artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
-                       pairs=data.pairs)
+
+def register_runner_check(name: str):
+    def deco(check):
+        _RUNNER_CHECKS[name] = check
+        return check
+
+    return deco
+
+
+def _spark_check(artifact, data, config):
+    from bertopt.extensions import load_extensions
+
+    load_extensions()
+    return _RUNNER_CHECKS["spark"](artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
+                                   pairs=data.pairs)
 
 
 # What ``validate`` gates when no --targets are given, by the kind of the primary output: a faithful artifact
@@ -222,9 +232,6 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     check_target_metrics(targets, outputs, primary, config, grid)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
     data = data.head(config["max_texts"])
-    if config["spark"] and importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
     labels = None
     if config["label_column"]:
         logits = [o for o in outputs if o.get("kind") == "logits"]
@@ -240,7 +247,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
 def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     """Artifact vs reference on the data: per-output statistics, error distributions (for the plots) and both
     runs' outputs."""
-    from bertopt.validate.compare import _flatten, compare_runs, cosine_rows
+    from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
 
     data, config = plan.data, plan.config
     got = art.run(data.texts, data.pairs, outputs=names)
@@ -249,7 +256,7 @@ def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
                             quantile=config["error_quantile"])
     distributions = {}
     for name in names:
-        g, r = _flatten(got[name]).astype(np.float64), _flatten(want[name]).astype(np.float64)
+        g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
         err = np.abs(g - r).ravel()
         if err.size > 200_000:
             err = np.random.default_rng(0).choice(err, 200_000, replace=False)
