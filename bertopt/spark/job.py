@@ -180,13 +180,13 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     if out_path.exists() and not force:
         raise UserError(f"output {output} already exists; choose another --output or pass --force to replace it")
     fmt = detect_format(input, fmt)
-    check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
-    check_writable(out_path, "--output")
     art = Artifact.load(artifact)
-    resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
     warning = art.batch_dependence_warning()
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
+    check_writable(out_path, "--output")
+    resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
 
     t0 = time.perf_counter()
     if spark is None:
