@@ -20,7 +20,8 @@ from bertopt.reporting import console, err_console
 app = typer.Typer(
     name="bertopt",
     help="Turn a BERT-family encoder into a validated serving artifact, and serve it.\n\n"
-    "Typical flow: [bold]bertopt run recipes/minilm-int8-cpu.yaml[/] (export -> optimize -> quantize -> compare), "
+    "Typical flow: [bold]bertopt run recipes/minilm-fastest-cpu.yaml[/] (export -> prune -> compile -> compare "
+    "-> gate), "
     "or stage by stage: [bold]bertopt export builtin:minilm --out a/onnx[/], "
     "[bold]bertopt quantize a/onnx --mode fp16 --out a/fp16[/], [bold]bertopt inspect a/fp16[/].",
     no_args_is_help=True,
@@ -117,7 +118,7 @@ _register_stage_commands()
 
 @app.command("run")
 def run_command(
-    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-int8-cpu)."),
+    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-fastest-cpu)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
                                         "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
     out: Path = typer.Option(Path("artifacts"), "--out", "-o", help="Folder for the artifacts; each stage writes "
