@@ -15,7 +15,6 @@ Every key is checked: an unknown key or a bad value is an error naming the key a
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -181,8 +180,3 @@ def check_recipe(recipe: Recipe, base: Path) -> None:
                    recipe.validate["label_column"])
     check_writable(base, "--out")
 
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    value = fn(*args, **kwargs)
-    return value, time.perf_counter() - t0

@@ -14,8 +14,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from bertopt.errors import UserError, require
-
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+from bertopt.params import PROVIDERS
 
 
 class Session(Protocol):

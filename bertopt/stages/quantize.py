@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import THREADS, Param
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -80,6 +80,7 @@ PARAMS = [
           "token's activations are quantised to int8 in groups this wide inside the MatMul); 0 keeps activations "
           "in the float precision (weights-only int8).", min=0),
     _compile_param("inference_precision"),
+    THREADS,
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),

@@ -383,7 +383,8 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
     checks = gate_checks(plan, names, metrics, spark)
     passed = all(c["passed"] for c in checks)
 
-    from bertopt.validate.reports import machine_info, package_versions, print_summary, write_reports
+    from bertopt.records import machine_info
+    from bertopt.validate.reports import package_versions, print_summary, write_reports
 
     result: dict[str, Any] = {
         "passed": passed,
