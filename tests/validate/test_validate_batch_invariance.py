@@ -104,3 +104,10 @@ def test_serving_commands_warn_once_about_a_batch_dependent_artifact(tiny_int8, 
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and "has no column 'text'" in lines[-1]
         assert sum("is batch-dependent" in line for line in lines) == (1 if warned else 0), proc.stderr
+    for art, warned in ((tiny_int8, True), (tiny_onnx, False)):  # serve: the line comes before anything starts
+        proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "serve", str(art.path), "--port", str(port),
+                               "--port-out", str(port + 1 if port < 65535 else port - 1), "--curve-keys",
+                               str(tmp_path / "no-keys")], capture_output=True, text=True, timeout=120)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and "no server.key_secret" in lines[-1], proc.stderr
+        assert sum("is batch-dependent" in line for line in lines) == (1 if warned else 0), proc.stderr
