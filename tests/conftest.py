@@ -113,3 +113,13 @@ def task_artifact(tmp_path_factory):
         return built[task, family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def default_artifact(tmp_path_factory):
+    """The final artifact of the default recipe (what ``make demo`` builds), stages only."""
+    from bertopt.recipes import DEFAULT_RECIPE, load_recipe, run_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / f"{DEFAULT_RECIPE}.yaml")
+    return run_recipe(recipe, out=tmp_path_factory.mktemp("default"), compare=False, gate=False).final
+
