@@ -190,11 +190,13 @@ Each family is a random model with its own tokenizer kind (WordPiece, byte-level
 trained on bertopt's built-in text) at hidden {meta['hidden']} x {meta['layers']} layers x {meta['heads']} heads
 {yardstick}; the task heads sit on models of the same width. Fidelity is measured against the family's own
 PyTorch fp32 model on {meta['fidelity_texts']} lines of the built-in corpus (cos min for embeddings; top-1
-agreement, entity F1, NDCG@10 and top-10 term overlap for the heads). Throughput: {meta['mixed_texts']} lines of the built-in mixed
-text, length-bucketed batches of 32, {meta['threads'] or 'all'} threads, median of {meta['rounds']} interleaved
-rounds, as a ratio to the same model in PyTorch bf16 autocast. Machine: {meta['machine']}; run took
-{meta['wall_s']:.0f} s. Random weights (initializer range 0.2) are harder on ONNX Runtime's per-tensor dynamic
-int8 than trained ones; the OpenVINO int8 path (per-token activation groups) is the faithful int8.
+agreement, entity F1, NDCG@10 and top-10 term overlap for the heads). Throughput: {meta['mixed_texts']} lines
+of the built-in mixed text, length-bucketed batches of 32, {meta['threads'] or 'all'} threads, median of
+{meta['rounds']} interleaved rounds, as a ratio to the same model in PyTorch bf16 autocast. Machine:
+{meta['machine']}; run took {meta['wall_s']:.0f} s. Random weights (initializer range 0.2) are harder on ONNX
+Runtime's per-tensor dynamic int8 than trained ones; the OpenVINO int8 path (per-token activation groups) is
+the faithful int8. On models this small PyTorch's bf16 autocast is slower than its fp32 (per-op overhead), so
+the ratios are large; compare stages and families within the table.
 
 ## Best stage per model, against MiniLM
 
