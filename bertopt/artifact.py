@@ -314,6 +314,7 @@ _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "history": ((list,), False),
     "validation": ((dict,), False),
     "batch_invariance": ((dict,), False),
+    "external_data": ((list,), False),
 }
 _TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number"}
 
