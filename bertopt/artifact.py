@@ -299,6 +299,14 @@ class ArtifactWriter:
             "precision": precision,
         }
 
+    def staged(self) -> Artifact:
+        """A view of the artifact being written (the temp folder; no digest, files not yet hashed), for the
+        self-checks a stage runs before the artifact is renamed into place."""
+        if self._model is None:
+            raise RuntimeError(f"stage {self.stage} did not call set_model()")
+        return Artifact(self.dir, {**self._model, "model": self.model_info, "runtime": self.runtime, **self.extra,
+                                   "digest": "staging", "files": {}})
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,6 +7,8 @@ caller. New backends register with ``@register_backend``; the Predictor never br
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -36,21 +38,44 @@ def register_backend(name: str):
     return deco
 
 
-def backend_names() -> list[str]:
-    _load_optional_backends()
-    return sorted(_BACKENDS)
-
-
 def _load_optional_backends() -> None:
     # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).
     import importlib
 
-    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend"):
+    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend",
+                   "bertopt.runtime.torch_backend"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+
+
+@dataclass
+class ModelFile:
+    """A model to open without an artifact around it (a candidate of the accuracy search, a probe copy of a
+    graph with extra outputs): its file, or its serialised bytes, and the runtime (and options) to run it on."""
+
+    model_path: Path | None = None
+    runtime: str = "onnxruntime"
+    runtime_options: dict[str, Any] = field(default_factory=dict)
+    model_bytes: bytes | None = None
+    model_format: str = "onnx"
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return {"runtime_options": self.runtime_options}
+
+
+def open_model(model, *, runtime: str = "onnxruntime", provider: str = "cpu", threads: int | None = None,
+               runtime_options: dict[str, Any] | None = None) -> Session:
+    """A session on an in-memory ONNX model (``ModelProto``) or a model file path, through the backend registry."""
+    if isinstance(model, (str, os.PathLike)):
+        file = ModelFile(Path(model), runtime=runtime, runtime_options=dict(runtime_options or {}))
+    else:
+        file = ModelFile(None, runtime=runtime, runtime_options=dict(runtime_options or {}),
+                         model_bytes=model.SerializeToString())
+    return open_session(file, provider=provider, threads=threads)
 
 
 def open_session(artifact, backend: str | None = None, provider: str = "auto",
@@ -96,11 +121,11 @@ class OrtSession:
         try:
             gpu_options = {"device_id": str(device_id)} if device_id is not None else {}
             providers = [(p, gpu_options) if gpu_options and p in _GPU_PROVIDERS else p for p in wanted]
-            self._session = ort.InferenceSession(str(artifact.model_path), sess_options=options,
-                                                 providers=providers)
+            model = getattr(artifact, "model_bytes", None) or str(artifact.model_path)
+            self._session = ort.InferenceSession(model, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
-            raise UserError(f"ONNX Runtime cannot load {artifact.model_path}: {str(exc).splitlines()[0]}; "
-                            "re-create the artifact") from None
+            raise UserError(f"ONNX Runtime cannot load {artifact.model_path or 'the model'}: "
+                            f"{str(exc).splitlines()[0]}; re-create the artifact") from None
         got = self._session.get_providers()
         if provider in ("cuda", "tensorrt") and wanted[0] not in got:
             raise UserError(f"provider '{provider}' was requested but ONNX Runtime fell back to {got[0]} "

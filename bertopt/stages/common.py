@@ -1,4 +1,4 @@
-"""What several stages share: reading the staged (not yet renamed) artifact and checking it against its parent."""
+"""What several stages share: checking the staged (not yet renamed) artifact against its parent."""
 
 from __future__ import annotations
 
@@ -7,20 +7,14 @@ from typing import Any
 from bertopt.artifact import Artifact
 
 
-def staged(writer) -> Artifact:
-    """A view of the artifact being written (temp folder), for self-checks before it is renamed into place."""
-    m = writer._model
-    return Artifact(writer.dir, {**m, "model": writer.model_info, "runtime": writer.runtime, **writer.extra,
-                                 "digest": "staging", "files": {}})
-
-
-def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None) -> dict[str, Any]:
+def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None,
+                  threads: int | None = None) -> dict[str, Any]:
     """Run ``texts`` through the staged model and ``reference``; return per-output accuracy stats."""
     from bertopt.runtime import Predictor
     from bertopt.validate.compare import compare_runs
 
-    new = Predictor(staged(writer), provider="cpu")
-    old = Predictor(reference, provider="cpu", verify=False)
+    new = Predictor(writer.staged(), provider="cpu", threads=threads)
+    old = Predictor(reference, provider="cpu", threads=threads, verify=False)
     names = outputs or [o for o in new.output_names if o in old.output_names]
     got, ref = new.run(texts, outputs=names), old.run(texts, outputs=names)
     kinds = {o["name"]: o.get("kind", "embedding") for o in reference.outputs}

@@ -117,15 +117,14 @@ def _max_abs_diff_vs_torch(writer, module, names, texts, info) -> float:
     """Worst elementwise difference over real tokens between ONNX Runtime and PyTorch."""
     import numpy as np
 
-    from bertopt.artifact import Artifact
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import INPUT_SPECS, SourceModel, TorchSession
+    from bertopt.sources.hf import INPUT_SPECS, SourceModel
 
-    staged = Artifact(writer.dir, {"model_file": "model.onnx", "model_format": "onnx", "inputs": INPUT_SPECS,
-                                   "outputs": writer._model["outputs"], "model": info, "digest": "staging"})
+    staged = writer.staged()
     onnx_pred = Predictor(staged, provider="cpu")
-    spec = SourceModel(writer.dir, writer.dir / "tokenizer", INPUT_SPECS, writer._model["outputs"], info, "pytorch")
-    torch_pred = Predictor(spec, session=TorchSession(module, names))
+    spec = SourceModel(writer.dir, writer.dir / "tokenizer", INPUT_SPECS, staged.outputs, info, "pytorch",
+                       module=module)
+    torch_pred = Predictor(spec, provider="cpu")
     a, b = onnx_pred.run(texts), torch_pred.run(texts)
     worst = 0.0
     for name in names:

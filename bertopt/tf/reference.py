@@ -9,8 +9,8 @@ from bertopt.errors import UserError, require
 def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size=32, length_bucketing=True):
     require("tensorflow", "tf", "running the TensorFlow reference model")
     from bertopt.runtime import Predictor
+    from bertopt.runtime.tf_session import TFSession, signature_call
     from bertopt.sources.hf import SourceModel
-    from bertopt.tf.graph import TFSession, signature_call
     from bertopt.tf.sources import open_tf_model
 
     pooling = next((o.get("pooling") for o in artifact.outputs if o.get("kind") == "embedding" and o.get("pooling")),

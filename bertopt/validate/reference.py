@@ -48,16 +48,10 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
 
         spec = SourceModel(source.path, artifact.tokenizer_path, artifact.inputs, artifact.outputs,
                            artifact.model_info, label=f"onnx:{source.path}")
-        spec.model_file = source.path
+        spec.model_path = source.path
         spec.runtime = "onnxruntime"
         spec.model_format = "onnx"
-        from bertopt.runtime.backends import OrtSession
-
-        class _View:
-            model_path = source.path
-
-        session = OrtSession(_View(), provider="cpu", threads=threads)
-        return Predictor(spec, session=session, batch_size=batch_size, max_seq_len=max_seq_len,
+        return Predictor(spec, provider="cpu", threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
                          length_bucketing=length_bucketing)
     raise UserError(f"cannot run a {source.kind} reference")
 
