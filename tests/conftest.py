@@ -92,3 +92,21 @@ def run_cli(args: list[str], capsys=None) -> tuple[int, str, str]:
 def cli(capsys):
     return lambda *args: run_cli(list(args), capsys)
 
+
+
+@pytest.fixture(scope="session")
+def task_artifact(tmp_path_factory):
+    """``task_artifact(task, family="bert") -> (hf folder, artifact)``: a tiny random task model (classification,
+    multi-label, token-classification, rerank, sparse-embedding) of a family, exported; built once a session."""
+    from task_models import build_task_model, export_task_artifact
+
+    built: dict = {}
+
+    def get(task: str, family: str = "bert"):
+        if (task, family) not in built:
+            root = tmp_path_factory.mktemp(f"{family}-{task}")
+            hf = build_task_model(root / "hf", task, family)
+            built[task, family] = (hf, export_task_artifact(hf, root / "art", task))
+        return built[task, family]
+
+    return get

@@ -21,6 +21,9 @@ from bertopt.errors import GateFailed, UserError
 
 PER_OUTPUT_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
                       "neighbour_agreement_at_10", "top1_agreement")
+# each task's own fidelity metrics (bertopt.validate.task_metrics), measured on the task's output
+FIDELITY_METRICS = ("max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10", "spearman",
+                    "term_overlap_at_10")
 TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
 LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
                    "latency_p99_ms")
@@ -48,8 +51,10 @@ def _ints(values, flag: str) -> list[int]:
 
 
 def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
-                         grid: set[str]) -> None:
+                         grid: set[str], task: str | None = None) -> None:
     """Every target must name something this run measures; say what to change when it does not."""
+    from bertopt.validate.task_metrics import TASK_METRICS as FIDELITY_TASK
+
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     qkey = _quantile_key(config["error_quantile"])
     for t in targets:
@@ -68,9 +73,14 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
             if base == "neighbour_agreement_at_10" and kinds[output] != "embedding":
                 raise UserError(f"target '{t.metric}': neighbour agreement is measured for sentence embeddings; "
                                 f"output '{output}' is {kinds[output]}-level")
-            if base == "top1_agreement" and kinds[output] != "logits":
+            if base == "top1_agreement" and kinds[output] not in ("logits", "token-logits"):
                 raise UserError(f"target '{t.metric}': top-1 agreement is measured for classifier logits; output "
                                 f"'{output}' is {kinds[output]}-level")
+            continue
+        if base in FIDELITY_METRICS:
+            if task is not None and FIDELITY_TASK[base] != task:
+                raise UserError(f"target '{t.metric}': {base} is measured for {FIDELITY_TASK[base]} models; this "
+                                f"artifact is a {task} model")
             continue
         if base in TASK_METRICS:
             if not config["label_column"]:
@@ -89,7 +99,8 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
             continue
         raise UserError(f"unknown metric '{t.metric}' in targets; known: "
-                        + ", ".join(PER_OUTPUT_METRICS + (qkey,) + TASK_METRICS + LATENCY_METRICS + SPARK_METRICS))
+                        + ", ".join(PER_OUTPUT_METRICS + (qkey,) + FIDELITY_METRICS + TASK_METRICS + LATENCY_METRICS
+                                    + SPARK_METRICS))
 
 
 def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:
@@ -169,11 +180,21 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
     batch_sizes = _ints(config["batch_sizes"], "--batch-sizes")
     seq_lens = _ints(config["seq_lens"], "--seq-lens")
     grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
+    from bertopt.runtime.tasks import check_pairs, task_of, task_output
+    from bertopt.validate.data import Dataset
+    from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
+
     outputs = artifact.outputs
-    primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
-    check_target_metrics(targets, outputs, primary, config, grid)
+    model_task = task_of(artifact)
+    task_out = task_output(artifact, model_task)
+    primary = task_out if model_task != "embedding" else (artifact.model_info.get("primary_output") or task_out)
+    check_target_metrics(targets, outputs, primary, config, grid, model_task)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
     data = data.head(config["max_texts"])
+    if model_task == "rerank" and data.pairs is None:  # plain texts: the first ones rank the next ones
+        queries, passages = rerank_pairs(data.texts)
+        data = Dataset(queries, passages, None, f"{data.source} (query x passage pairs)")
+    check_pairs(artifact, model_task, data.pairs)
     if config["spark"] and importlib.util.find_spec("bertopt.spark.validate") is None:
         raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
                         "does not have yet; run the gate without --spark")
@@ -215,6 +236,9 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
         want = ref.run(data.texts, data.pairs, outputs=names)
         accuracy = compare_runs(got, want, kinds, atol=config["atol"], rtol=config["rtol"],
                                 quantile=config["error_quantile"])
+        if task_out in accuracy and "error" not in accuracy[task_out]:
+            accuracy[task_out].update(task_fidelity(model_task, art, data.texts, data.pairs, got[task_out],
+                                                    want[task_out]))
         distributions = {}
         for name in names:
             g, r = _flatten(got[name]).astype(np.float64), _flatten(want[name]).astype(np.float64)
@@ -289,6 +313,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                       "model": str(getattr(ref.artifact, "path", ""))},
         "data": data.describe(),
         "primary_output": primary,
+        "model_task": model_task,
         "accuracy": accuracy,
         "task": task,
         "latency": latency,
@@ -303,7 +328,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
     if console is not None:
         print_summary(result, console)
     summary = {k: result[k] for k in ("passed", "report_dir", "checks", "metrics", "data", "primary_output",
-                                      "wall_time_s")}
+                                      "model_task", "wall_time_s")}
     summary["reference"] = {k: result["reference"][k] for k in ("framework", "spec", "model")}
     artifact.record_validation("gate", summary)
     if not passed and raise_on_fail:
