@@ -8,11 +8,11 @@ Measures, in one run on the same cores (ratios, because the machine is shared):
   2. saturation: C concurrent HTTP clients x R requests of mixed sizes (1-512 texts), all in flight at once,
      on OpenAI's POST /v1/embeddings with base64 vectors (what the official client asks for) -> throughput
      and its ratio to (1) (target >= 0.85);
-  3. a 1-sentence client's latency (POST /embed) on the idle server, then while another client keeps
-     ``--flood-size`` sentences in flight in requests of ``--flood-request`` texts (target: p99 under the
-     flood <= 3x idle p99);
-  4. overload: ``--overload`` concurrent 256-text requests against --max-concurrent-requests
-     ``--max-concurrent``: how many get 429, and whether any admitted request failed or timed out.
+  3. overload: ``--overload`` concurrent 64-text requests against --max-concurrent-requests
+     ``--max-concurrent``: how many get 429, and whether any admitted request failed or timed out;
+  4. a 1-sentence client's latency (POST /embed) on the idle server (measured first), then while other
+     clients keep ``--flood-size`` sentences in flight in requests of ``--flood-request`` texts (target: p99
+     under the flood <= 3x idle p99); the server is then killed rather than left to finish the flood.
 The default artifact is all-MiniLM-L6-v2 exported to ONNX (built under artifacts/bench/ if absent).
 Prints a table and writes benchmarks/results/http_load.json.
 """
@@ -94,32 +94,35 @@ def saturation(url: str, workload: list[list[list[str]]]) -> tuple[float, dict[i
 
 
 def flood_probe(url: str, flood_size: int, flood_request: int, probes: int) -> tuple[list[float], int]:
+    """The probe's latencies while flooders keep ``flood_size`` sentences in flight. The flooders are left
+    running (daemon threads): the server is killed next, which ends them, instead of waiting for the queue."""
     import httpx
 
     stop = threading.Event()
-    sent = [0]
+    answered = [0]
 
     def flooder(k: int):
-        with httpx.Client(timeout=600) as client:
-            while not stop.is_set():
-                embed_b64(client, url, corpus(flood_request, offset=k * 7919 + sent[0]))
-                sent[0] += flood_request
+        try:
+            with httpx.Client(timeout=600) as client:
+                while not stop.is_set():
+                    embed_b64(client, url, corpus(flood_request, offset=k * 7919 + answered[0]))
+                    answered[0] += flood_request
+        except httpx.TransportError:  # the server was stopped under it
+            return
 
-    n_flooders = max(1, flood_size // flood_request)
-    with ThreadPoolExecutor(n_flooders) as pool:
-        for k in range(n_flooders):
-            pool.submit(flooder, k)
-        time.sleep(2.0)  # let the flood fill the queue
-        with httpx.Client(timeout=60) as small:
-            flooded = probe_latency(small, url, probes, 0.05)
-        stop.set()
-    return flooded, sent[0]
+    for k in range(max(1, flood_size // flood_request)):
+        threading.Thread(target=flooder, args=(k,), daemon=True).start()
+    time.sleep(2.0)  # let the flood fill the queue
+    with httpx.Client(timeout=60) as small:
+        flooded = probe_latency(small, url, probes, 0.05)
+    stop.set()
+    return flooded, answered[0]
 
 
 def overload(url: str, n: int) -> dict:
     import httpx
 
-    texts = corpus(256, offset=11)
+    texts = corpus(64, offset=11)
 
     def one(_):
         with httpx.Client(timeout=600) as client:
@@ -148,8 +151,8 @@ def main() -> None:
     ap.add_argument("--flood-size", type=int, default=10_000, help="sentences kept in flight by the flood")
     ap.add_argument("--flood-request", type=int, default=2000, help="texts per flood request")
     ap.add_argument("--probes", type=int, default=150)
-    ap.add_argument("--max-concurrent", type=int, default=16)
-    ap.add_argument("--overload", type=int, default=48)
+    ap.add_argument("--max-concurrent", type=int, default=32)
+    ap.add_argument("--overload", type=int, default=96)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/http_load.json")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -183,10 +186,11 @@ def main() -> None:
         server_s, latencies = saturation(url, workload)
         server_tps = len(all_texts) / server_s
         print(f"server: {len(all_texts)} texts in {server_s:.2f} s = {server_tps:.1f} texts/s", flush=True)
+        over = overload(url, args.overload)
+        print(f"overload: {over}", flush=True)
+        info = httpx.get(url + "/info").json()
         flooded, flood_texts = flood_probe(url, args.flood_size, args.flood_request, args.probes)
         print(f"flood: {flood_texts} texts answered while probing", flush=True)
-        over = overload(url, args.overload)
-        info = httpx.get(url + "/info").json()
     finally:
         stop_server(proc)
     inproc_runs.append(inprocess())
@@ -215,7 +219,7 @@ def main() -> None:
     print(f"1-sentence  idle p50 {result['small_idle_p50_ms']:.1f} ms p99 {result['small_idle_p99_ms']:.1f} ms | "
           f"under a {args.flood_size}-sentence flood p50 {result['small_flood_p50_ms']:.1f} ms "
           f"p99 {result['small_flood_p99_ms']:.1f} ms | ratio {result['flood_p99_over_idle_p99']:.2f} (target <= 3)")
-    print(f"overload    {over['requests']} x 256 texts vs --max-concurrent-requests {args.max_concurrent}: "
+    print(f"overload    {over['requests']} x 64 texts vs --max-concurrent-requests {args.max_concurrent}: "
           f"{over['ok']} answered 200 (slowest {over['admitted_max_s']:.1f} s), {over['rejected_429']} got 429 "
           f"(Retry-After {over['retry_after']}, p99 {over['rejected_p99_ms']:.1f} ms), other codes {over['other']}")
     args.out.write_text(json.dumps(result, indent=2) + "\n")

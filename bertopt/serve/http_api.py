@@ -5,8 +5,10 @@ text-embeddings-inference's (TEI) routes, on Starlette.
                           encoding_format (float | base64), dimensions (truncate + re-normalise)
     GET  /v1/models       OpenAI: the one served model
     POST /embed           TEI: inputs, normalize (default true), truncate (default false)
-    POST /predict         TEI: inputs (text | [text, text] pair | a list of them), raw_scores
+    POST /predict         TEI: inputs (text | [text, text] pair | a list of them), raw_scores; on a token
+                          classifier: inputs (text | texts), aggregation_strategy -> entities per text
     POST /rerank          TEI: query, texts, return_text, raw_scores, truncate
+    POST /embed_sparse    TEI: inputs, truncate -> [{"index", "value"}] per input (SPLADE models)
     POST /tokenize        TEI: inputs, add_special_tokens
     GET  /health          200 once the workers have loaded (503 before), /info, /metrics (Prometheus)
 
@@ -34,9 +36,8 @@ from bertopt.serve.http_front import FleetError
 log = logging.getLogger("bertopt.serve.http")
 OPENAI, TEI = "openai", "tei"
 ROUTE_FOR_TASK = {"embedding": "/embed or /v1/embeddings", "classification": "/predict", "rerank": "/rerank",
-                  "token-classification": "the ZeroMQ or Python API (token classification is not served over "
-                                          "HTTP yet)",
-                  "sparse-embedding": "the ZeroMQ or Python API"}
+                  "token-classification": "/predict",
+                  "sparse-embedding": "/embed_sparse"}
 _TEI_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 413: "Validation",
                     422: "Validation", 429: "Overloaded", 503: "Unhealthy", 504: "Backend"}
 
@@ -53,8 +54,15 @@ class Problem(Exception):
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None):
     from starlette.responses import Response
 
-    return Response(json.dumps(obj, separators=(",", ":")), status_code=status, headers=headers,
+    return Response(json.dumps(obj, separators=(",", ":"), default=_plain), status_code=status, headers=headers,
                     media_type="application/json")
+
+
+def _plain(value: Any):
+    """numpy scalars (entity scores, offsets) as JSON numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def error_response(style: str, p: Problem):
@@ -67,9 +75,9 @@ def error_response(style: str, p: Problem):
     return _json(body, p.status, p.headers)
 
 
-class Api:
-    """Request handling, independent of the web framework: validation, token counting, the fleet call, the
-    answer in each API's shape."""
+class RequestHandling:
+    """What every route shares, independent of the web framework: the API key, the task check, limits, JSON
+    body reading, token counting and the fleet call."""
 
     def __init__(self, front):
         from tokenizers import Tokenizer
@@ -87,6 +95,7 @@ class Api:
         self.tokenizer.no_truncation()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._key = self.cfg.api_key.encode() if self.cfg.api_key else None
+        self.token_view = TokenView(self.facts) if self.task == "token-classification" else None
 
     # -- checks -------------------------------------------------------------------------------------------
     def check_key(self, headers) -> None:
@@ -196,7 +205,7 @@ class Api:
             items = [ids[: self.max_seq_len] for ids in items]
         return await self.run(kind, items, lengths), sum(lengths)
 
-    # -- OpenAI -------------------------------------------------------------------------------------------
+class OpenAIRoutes(RequestHandling):
     async def openai_embeddings(self, body: Any):
         if not isinstance(body, dict):
             raise Problem(400, "request body must be a JSON object with 'input' and 'model'")
@@ -232,7 +241,9 @@ class Api:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
                                             "owned_by": "bertopt"}]}
 
-    # -- TEI ----------------------------------------------------------------------------------------------
+class TeiRoutes(RequestHandling):
+    """Hugging Face text-embeddings-inference's routes, and /info."""
+
     @staticmethod
     def flag(body: dict, name: str, default: bool) -> bool:
         value = body.get(name, default)
@@ -275,6 +286,8 @@ class Api:
     async def tei_predict(self, body: Any):
         if not isinstance(body, dict):
             raise Problem(422, "request body must be a JSON object with 'inputs'")
+        if self.task == "token-classification":
+            return await self.token_entities(body)
         self.check_task("classification", "/predict")
         if "inputs" not in body:
             raise Problem(422, "missing 'inputs'", param="inputs")
@@ -286,11 +299,35 @@ class Api:
         kind = KIND_PAIR if kinds == {True} else KIND_TEXT
         lengths = await self.count_tokens(items, kind, truncate, "inputs", 413)
         logits = await self.run(kind, items, lengths)
-        scores = logits if raw else class_probabilities(logits, self.facts)
-        names = label_names(self.facts.get("id2label"), logits.shape[1])
+        from bertopt.runtime.tasks import class_probabilities, label_names
+
+        info = self.facts["model_info"]
+        scores = logits if raw else class_probabilities(logits, info)
+        names = label_names(info, logits.shape[1])
         out = [sorted(({"label": n, "score": float(s)} for n, s in zip(names, row)), key=lambda d: -d["score"])
                for row in scores]
         return out[0] if single else out
+
+    async def token_entities(self, body: dict):
+        """/predict on a token-classification model: the entities of each text (transformers' pipeline
+        aggregation, ``aggregation_strategy`` none | simple | first | average | max, default simple)."""
+        from bertopt.runtime.tasks import AGGREGATIONS, token_entities
+
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'", param="inputs")
+        aggregation = body.get("aggregation_strategy", "simple")
+        if aggregation not in AGGREGATIONS:
+            raise Problem(422, f"'aggregation_strategy' must be one of {', '.join(AGGREGATIONS)}, got "
+                          f"{aggregation!r}", param="aggregation_strategy")
+        truncate = self.flag(body, "truncate", False)
+        single = isinstance(body["inputs"], str)
+        _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
+        lengths = await self.count_tokens(texts, KIND_TEXT, truncate, "inputs", 413)
+        rows = await self.run(KIND_TEXT, texts, lengths)
+        per_token = rows.reshape(len(texts), self.max_seq_len, -1)
+        logits = [per_token[i, :n] for i, n in enumerate(lengths)]
+        entities = token_entities(self.token_view, texts, logits, aggregation=aggregation)
+        return entities[0] if single else entities
 
     async def tei_rerank(self, body: Any):
         if not isinstance(body, dict):
@@ -307,12 +344,28 @@ class Api:
         items = [[query, t] for t in texts]
         lengths = await self.count_tokens(items, KIND_PAIR, truncate, "texts", 413)
         logits = await self.run(KIND_PAIR, items, lengths)
+        from bertopt.runtime.tasks import rerank_scores
+
         scores = logits[:, 0].astype(np.float64)
         if not raw:
-            scores = rerank_scores(scores, self.facts)
+            scores = rerank_scores(scores, self.facts["model_info"])
         ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
         return [{"index": i, "score": float(scores[i]), **({"text": texts[i]} if return_text else {})}
                 for i in ranked]
+
+    async def tei_embed_sparse(self, body: Any):
+        from bertopt.runtime.tasks import sparse_vectors
+
+        if not isinstance(body, dict):
+            raise Problem(422, "request body must be a JSON object with 'inputs'")
+        self.check_task("sparse-embedding", "/embed_sparse")
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'; send a string or a list of strings", param="inputs")
+        truncate = self.flag(body, "truncate", False)
+        kind, items = self.parse_inputs(body["inputs"], "inputs", 422)
+        weights, _ = await self.embeddings(kind, items, truncate, "inputs", 413)
+        return [[{"index": i, "value": v} for i, v in zip(s["indices"], s["values"])]
+                for s in sparse_vectors(weights)]
 
     def tei_tokenize(self, body: Any):
         if not isinstance(body, dict) or "inputs" not in body:
@@ -333,7 +386,7 @@ class Api:
         worker = self.front.worker_info()
         model_type = {"embedding": {"embedding": {"dim": f.get("embedding_dim")}},
                       "classification": {"classifier": {"id2label": f.get("id2label")}},
-                      "rerank": {"reranker": {}}}.get(self.task, {self.task: {}})
+                      "rerank": {"reranker": {}}, "sparse-embedding": {"splade": {}}}.get(self.task, {self.task: {}})
         return {"model_id": self.model_id, "model_sha": f["digest"], "model_dtype": f["precision"],
                 "model_type": model_type, "task": self.task, "artifact": f["artifact"], "digest": f["digest"],
                 "max_input_length": self.max_seq_len, "max_batch_tokens": c.max_batch_tokens,
@@ -343,7 +396,27 @@ class Api:
                 "version": __version__, "ready": self.front.ready}
 
 
-# -- post-processing (the task contract: softmax / sigmoid, id2label names, CrossEncoder's sigmoid) ----------
+class Api(OpenAIRoutes, TeiRoutes):
+    """Request handling for every route: validation, token counting, the fleet call, each API's answer."""
+
+
+class TokenView:
+    """What ``bertopt.runtime.tasks.token_entities`` reads from a Predictor (its truncating tokenizer and the
+    manifest's model section), without a model session: the front end only post-processes the fleet's logits."""
+
+    def __init__(self, facts: dict[str, Any]):
+        from types import SimpleNamespace
+
+        from bertopt.runtime.predictor import load_tokenizer
+
+        self.tokenizer = load_tokenizer(Path(facts["tokenizer"]), int(facts["max_seq_len"]))
+        self.artifact = SimpleNamespace(model_info=facts["model_info"])
+
+    def tokenize(self, texts, pairs=None):
+        return self.tokenizer.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
+
+
+# -- helpers (task post-processing lives in bertopt.runtime.tasks, shared with the Predictor) --------------
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -355,28 +428,6 @@ def _l2(vectors: np.ndarray) -> np.ndarray:
 
 def _b64(vector: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()
-
-
-def label_names(id2label: dict | None, count: int) -> list[str]:
-    names = {int(k): str(v) for k, v in (id2label or {}).items()}
-    return [names.get(i, f"LABEL_{i}") for i in range(count)]
-
-
-def class_probabilities(logits: np.ndarray, facts: dict[str, Any]) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    if facts.get("problem_type") == "regression":
-        return x
-    if facts.get("problem_type") == "multi_label_classification" or x.shape[1] == 1:
-        return 1.0 / (1.0 + np.exp(-x))
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def rerank_scores(scores: np.ndarray, facts: dict[str, Any]) -> np.ndarray:
-    activation = str((facts.get("model_info") or {}).get("activation") or "sigmoid").lower()
-    if activation.endswith("identity") or activation == "none":
-        return scores
-    return 1.0 / (1.0 + np.exp(-scores))
 
 
 # -- Starlette wiring ---------------------------------------------------------------------------------------
@@ -453,6 +504,7 @@ def build_app(front):
         Route("/embed", endpoint("/embed", TEI, api.tei_embed, admit=True), methods=["POST"]),
         Route("/predict", endpoint("/predict", TEI, api.tei_predict, admit=True), methods=["POST"]),
         Route("/rerank", endpoint("/rerank", TEI, api.tei_rerank, admit=True), methods=["POST"]),
+        Route("/embed_sparse", endpoint("/embed_sparse", TEI, api.tei_embed_sparse, admit=True), methods=["POST"]),
         Route("/tokenize", endpoint("/tokenize", TEI, sync(api.tei_tokenize)), methods=["POST"]),
         Route("/health", endpoint("/health", TEI, health, auth=False, body=False), methods=["GET"]),
         Route("/info", endpoint("/info", TEI, sync(api.info), body=False), methods=["GET"]),

@@ -106,36 +106,21 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     seq = int(max_seq_len or info.get("max_seq_len") or model_max)
     if seq > model_max:
         raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    from bertopt.runtime.tasks import task_of, task_output
+
+    task = task_of(art)
     outputs = {o["name"]: o for o in art.outputs}
-    primary = info.get("primary_output") or art.outputs[-1]["name"]
+    primary = task_output(art, task)
     shape = outputs[primary].get("shape", [])
-    if "sequence" in [str(d) for d in shape]:
-        raise UserError(f"the artifact's primary output {primary!r} is per-token; bertopt serve returns one "
-                        "vector per text, serve a pooled (sentence-embedding or classifier) artifact")
+    token_level = "sequence" in [str(d) for d in shape]
+    if token_level and task != "token-classification":
+        raise UserError(f"the artifact's {task} output {primary!r} is per-token; bertopt serve returns one "
+                        "result per text, serve a pooled (embedding, classification, rerank or sparse) artifact")
     return {"artifact": str(art.path.absolute()), "digest": art.digest, "precision": art.precision,
             "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None, "output": primary,
-            "task": serve_task(info, art.outputs), "tokenizer": str(art.tokenizer_path),
+            "task": task, "tokenizer": str(art.tokenizer_path),
             "id2label": info.get("id2label"), "problem_type": info.get("problem_type"),
-            "model_info": info}
-
-
-# manifests written before the task contract name their task differently
-_LEGACY_TASKS = {"sentence-embedding": "embedding", "encoder": "embedding", "classifier": "classification",
-                 "cross-encoder": "rerank", "ner": "token-classification", "splade": "sparse-embedding"}
-_KIND_TASKS = {"logits": "classification", "score": "rerank", "sparse": "sparse-embedding",
-               "token-logits": "token-classification"}
-
-
-def serve_task(model_info: dict, outputs: list[dict]) -> str:
-    """The artifact's task (the manifest's ``task``; old names mapped; else read from its output kinds)."""
-    task = model_info.get("task")
-    task = _LEGACY_TASKS.get(str(task), task)
-    if task in ("embedding", "classification", "token-classification", "rerank", "sparse-embedding"):
-        return task
-    for out in outputs:
-        if out.get("kind") in _KIND_TASKS:
-            return _KIND_TASKS[out["kind"]]
-    return "embedding"
+            "model_info": info, "token_level": token_level}
 
 
 def _curve_server_keys(keys_dir: str | None) -> tuple[str, str] | None:
@@ -176,6 +161,9 @@ class Server:
         cfg.check()
         self.cfg = cfg
         self.facts = _model_facts(cfg.artifact, cfg.max_seq_len)
+        if self.facts["token_level"] and (cfg.zmq or cfg.http_port is None):
+            raise UserError("a token-classification artifact is served over HTTP only (POST /predict answers its "
+                            "entities); use --http-port PORT --no-zmq")
         self.threads = cfg.threads()
         self.sink_proc: subprocess.Popen | None = None
         self.ventilator = None
@@ -328,7 +316,7 @@ class Server:
         if self.sink_proc is None:
             return
         if not graceful:
-            self.sink_proc.terminate()
+            self.sink_proc.kill()  # it ignores SIGTERM (see sink.main)
         try:
             self.sink_proc.wait(self.cfg.grace_s + 5 if graceful else 5)
         except subprocess.TimeoutExpired:

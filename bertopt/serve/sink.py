@@ -282,7 +282,9 @@ def run_sink(cfg: dict) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the sink stops
+    # the server decides when the sink stops (a process-group SIGINT/SIGTERM must not cut the drain short)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format="bertopt serve [sink] %(levelname)s %(message)s")
     sys.exit(run_sink(cfg))

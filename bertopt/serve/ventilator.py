@@ -237,7 +237,7 @@ class WorkerPool:
                 try:
                     self.router.send_multipart([slot.identity, STOP])
                 except self.zmq.ZMQError:
-                    slot.proc.terminate()
+                    slot.proc.kill()  # unreachable; it ignores SIGTERM (see worker.main)
         deadline = time.monotonic() + timeout_s
         for slot in self.slots:
             if slot.proc is None:

@@ -53,7 +53,19 @@ def run_items(predictor, output: str, kind: bytes, items: list):
         out = run_token_ids(predictor, output, items)
     else:
         out = predictor.run(items, outputs=[output])[output]
+    if isinstance(out, list):  # per-token output (token classification): one padded, flattened row per text
+        out = pad_token_rows(out, predictor.max_seq_len)
     return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def pad_token_rows(rows: list, width: int):
+    """Per-text ``(tokens, labels)`` arrays as ``(texts, width * labels)`` rows, zero-padded: fixed-width rows
+    travel through the sink like pooled ones; the HTTP front end cuts each back to its text's tokens."""
+    labels = rows[0].shape[-1]
+    out = np.zeros((len(rows), width, labels), dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out.reshape(len(rows), width * labels)
 
 
 class _Ids:
@@ -212,8 +224,10 @@ def run_worker(cfg: dict) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
-    # Ctrl-C reaches the whole process group; the server decides when workers stop.
+    # Ctrl-C, and SIGTERM sent to the whole process group (systemd, `timeout`, some container inits), reach the
+    # workers too; the server decides when they stop (after draining), and they exit if the server dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format=f"bertopt serve [worker {cfg['index']}] %(levelname)s %(message)s")
     sys.exit(run_worker(cfg))

@@ -19,7 +19,7 @@ from bertopt.testing import alive, descendants, free_port  # noqa: E402,F401
 
 class ServerProcess:
     def __init__(self, artifact, tmp: Path, *args: str, num_worker: int = 2, ready_timeout: float = 120.0,
-                 http: bool = False):
+                 http: bool = False, new_session: bool = False):
         self.port, self.port_out = free_port(), free_port()
         while self.port_out == self.port:
             self.port_out = free_port()
@@ -34,7 +34,7 @@ class ServerProcess:
                "--port-out", str(self.port_out), "--num-worker", str(num_worker), *args]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(cmd, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
-                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env, start_new_session=new_session)
         self.children: set[int] = set()
         deadline = time.monotonic() + ready_timeout
         while "ready on" not in self.out_path.read_text():

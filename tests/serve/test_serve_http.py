@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
+from bertopt.testing import descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 httpx = pytest.importorskip("httpx")
@@ -137,36 +138,20 @@ def test_truncate_true_cuts_an_over_long_input_and_a_wrong_key_is_refused(emb_se
         assert bad.status_code == 401 and "API key" in bad.json()["error"]
 
 
-@pytest.fixture(scope="module")
-def classifier_artifacts(tmp_path_factory):
-    """The tiny BERT classifier, and a copy whose manifest calls it a reranker (its first logit is the score)."""
-    from bertopt.registry import run_stage
-    from bertopt.testing import build_tiny_hf_bert
-
-    root = tmp_path_factory.mktemp("http-cls")
-    hf = build_tiny_hf_bert(root / "hf", classifier=True)
-    cls = run_stage("export", hf, {}, root / "cls")
-    rerank = root / "rerank"
-    shutil.copytree(cls.path, rerank)
-    manifest = json.loads((rerank / "bertopt.json").read_text())
-    manifest["model"]["task"] = "rerank"
-    (rerank / "bertopt.json").write_text(json.dumps(manifest))
-    return cls.path, rerank
-
-
-def test_predict_on_a_classifier_http_only(classifier_artifacts, start_server):
+def test_predict_on_a_classifier_http_only(task_artifact, start_server):
     from bertopt.runtime import Predictor
 
-    cls, _ = classifier_artifacts
-    server = start_server(cls, "--no-zmq", http=True, num_worker=1)
+    _, cls = task_artifact("classification")
+    server = start_server(cls.path, "--no-zmq", http=True, num_worker=1)
     pred = Predictor(cls, threads=1)
-    logits = pred.encode(TEXTS[:3])
-    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    expected = pred.predict(TEXTS[:3])
     batch = httpx.post(server.url + "/predict", json={"inputs": TEXTS[:3]}, timeout=60).json()
-    for row, p in zip(batch, probs):
-        assert [d["label"] for d in row] == [f"LABEL_{i}" for i in np.argsort(-p)]
-        np.testing.assert_allclose([d["score"] for d in row], np.sort(p)[::-1], atol=1e-5)
-    single = httpx.post(server.url + "/predict", json={"inputs": "hello world", "raw_scores": True}).json()
+    for row, want in zip(batch, expected):
+        assert row[0]["label"] == want["label"] and abs(row[0]["score"] - want["score"]) < 1e-5
+        assert {d["label"]: pytest.approx(d["score"], abs=1e-5) for d in row} == want["scores"]
+        assert [d["score"] for d in row] == sorted((d["score"] for d in row), reverse=True)
+    logits = pred.encode(TEXTS[:1])
+    single = httpx.post(server.url + "/predict", json={"inputs": TEXTS[0], "raw_scores": True}).json()
     np.testing.assert_allclose(sorted(d["score"] for d in single), np.sort(logits[0]), atol=1e-5)
     pair_logits = pred.encode(["hello world"], pairs=["the cat"])
     pair = httpx.post(server.url + "/predict", json={"inputs": ["hello world", "the cat"], "raw_scores": True})
@@ -175,25 +160,49 @@ def test_predict_on_a_classifier_http_only(classifier_artifacts, start_server):
                         ("/rerank", {"query": "q", "texts": ["a"]})):
         r = httpx.post(server.url + route, json=body, timeout=30)
         assert r.status_code == 400 and "this server serves a classification model" in r.text
+        assert "use /predict" in r.text
     import socket
 
     with pytest.raises(ConnectionRefusedError):  # --no-zmq: nothing listens on the ZeroMQ port
         socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
 
 
-def test_rerank_sorts_passages_by_score(classifier_artifacts, start_server):
+def test_legacy_classifier_manifest_is_served_on_predict(tmp_path, start_server):
+    from bertopt.registry import run_stage
+    from bertopt.runtime import Predictor
+    from bertopt.testing import build_tiny_hf_bert
+
+    art = run_stage("export", build_tiny_hf_bert(tmp_path / "hf", classifier=True), {}, tmp_path / "cls")
+    assert art.model_info["task"] == "classifier"  # the name before the task contract
+    server = start_server(art.path, "--no-zmq", http=True, num_worker=1)
+    got = httpx.post(server.url + "/predict", json={"inputs": "hello world"}, timeout=60).json()
+    want = Predictor(art, threads=1).predict(["hello world"])[0]
+    assert got[0]["label"] == want["label"] and abs(got[0]["score"] - want["score"]) < 1e-5
+
+
+def test_rerank_and_sparse_answer_like_the_predictor(task_artifact, start_server):
     from bertopt.runtime import Predictor
 
-    _, rerank = classifier_artifacts
-    server = start_server(rerank, "--no-zmq", http=True, num_worker=1)
     passages = ["the cat sat", "hello world", "a dog", "quick brown fox"]
-    logits = Predictor(rerank, threads=1).encode(["hello"] * len(passages), pairs=passages)[:, 0]
-    scores = 1 / (1 + np.exp(-logits.astype(np.float64)))
-    r = httpx.post(server.url + "/rerank", json={"query": "hello", "texts": passages, "return_text": True},
-                   timeout=60).json()
-    assert [d["index"] for d in r] == list(np.argsort(-scores, kind="stable"))
-    np.testing.assert_allclose([d["score"] for d in r], np.sort(scores)[::-1], atol=1e-5)
-    assert [d["text"] for d in r] == [passages[d["index"]] for d in r]
+    _, rerank = task_artifact("rerank")
+    server = start_server(rerank.path, "--no-zmq", http=True, num_worker=1)
+    want = Predictor(rerank, threads=1).rerank("hello", passages)
+    got = httpx.post(server.url + "/rerank", json={"query": "hello", "texts": passages, "return_text": True},
+                     timeout=60).json()
+    assert [d["index"] for d in got] == [d["index"] for d in want]
+    np.testing.assert_allclose([d["score"] for d in got], [d["score"] for d in want], atol=1e-5)
+    assert [d["text"] for d in got] == [passages[d["index"]] for d in got]
+    wrong = httpx.post(server.url + "/predict", json={"inputs": "x"}, timeout=30)
+    assert wrong.status_code == 400 and "use /rerank" in wrong.json()["error"]
+    server.stop()
+
+    _, sparse = task_artifact("sparse-embedding")
+    server = start_server(sparse.path, "--no-zmq", http=True, num_worker=1)
+    want = Predictor(sparse, threads=1).predict(passages)
+    got = httpx.post(server.url + "/embed_sparse", json={"inputs": passages}, timeout=60).json()
+    for g, w in zip(got, want):
+        assert [d["index"] for d in g] == w["indices"]
+        np.testing.assert_allclose([d["value"] for d in g], w["values"], atol=1e-5)
 
 
 def test_worker_killed_under_http_load_every_request_answered_once(tiny_onnx, tiny_predictor, start_server):
@@ -248,7 +257,9 @@ def test_overload_answers_429_and_no_admitted_request_times_out(tiny_onnx, tiny_
 
 
 def test_sigterm_answers_admitted_http_requests_then_exits_0(tiny_onnx, start_server):
-    server = start_server(tiny_onnx.path, "--no-zmq", http=True, num_worker=1)
+    # SIGTERM to the whole process group (systemd, `timeout`, container inits): workers and sink ignore it and
+    # the server drains; no worker "dies" and is restarted mid-drain
+    server = start_server(tiny_onnx.path, "--no-zmq", http=True, num_worker=1, new_session=True)
     texts = ["hello world the quick brown fox"] * 1500
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(httpx.post, server.url + "/embed", json={"inputs": texts}, timeout=120)
@@ -259,6 +270,50 @@ def test_sigterm_answers_admitted_http_requests_then_exits_0(tiny_onnx, start_se
         while 'bertopt_http_requests_in_flight 4.0' not in httpx.get(server.url + "/metrics").text:
             assert time.monotonic() < deadline, "requests were not admitted"
             time.sleep(0.05)
-        assert server.terminate() == 0
+        server.children |= descendants(server.proc.pid)
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(60) == 0
         assert [f.result().status_code for f in futures] == [200] * 4
-    assert "stopped" in server.log()
+    assert "stopped" in server.log() and "died" not in server.log()
+
+
+def test_serve_http_options_refuse_clearly(cli, tiny_onnx):
+    import socket
+
+    from bertopt.testing import free_port
+
+    code, _, err = cli("serve", str(tiny_onnx.path), "--no-zmq")
+    assert code == 2 and "--no-zmq leaves nothing to serve; add --http-port PORT" in err
+    code, _, err = cli("serve", str(tiny_onnx.path), "--http-port", "70000")
+    assert code == 2 and "--http-port 70000 is not a TCP port" in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, _, err = cli("serve", str(tiny_onnx.path), "--no-zmq", "--http-port", str(port),
+                           "--port-out", str(free_port()))
+    assert code == 2 and f"cannot bind HTTP 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_token_classification_entities_over_http_equal_the_predictor(task_artifact, start_server, cli):
+    from bertopt.runtime import Predictor
+
+    _, ner = task_artifact("token-classification")
+    code, _, err = cli("serve", str(ner.path), "--http-port", "8080")  # ZeroMQ would get padded logits
+    assert code == 2 and "served over HTTP only" in err and "--no-zmq" in err
+    server = start_server(ner.path, "--no-zmq", http=True, num_worker=1)
+    pred = Predictor(ner, threads=1)
+    texts = ["hello world the quick brown fox", "serving models over http"]
+    for aggregation in ("simple", "none", "first"):
+        want = pred.predict(texts, aggregation=aggregation)
+        got = httpx.post(server.url + "/predict", json={"inputs": texts, "aggregation_strategy": aggregation},
+                         timeout=60).json()
+        assert len(got) == len(want) and any(want), "the tiny model finds no entity: the check would be empty"
+        for g, w in zip(got, want):
+            assert [{k: v for k, v in e.items() if k != "score"} for e in g] == \
+                   [{k: v for k, v in e.items() if k != "score"} for e in w]
+            np.testing.assert_allclose([e["score"] for e in g], [e["score"] for e in w], atol=1e-5)
+    single = httpx.post(server.url + "/predict", json={"inputs": texts[0]}, timeout=60).json()
+    assert [e["word"] for e in single] == [e["word"] for e in pred.predict(texts[:1])[0]]
+    bad = httpx.post(server.url + "/predict", json={"inputs": "x", "aggregation_strategy": "best"}, timeout=30)
+    assert bad.status_code == 422 and "'aggregation_strategy' must be one of" in bad.json()["error"]
