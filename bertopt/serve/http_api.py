@@ -114,11 +114,12 @@ class RequestHandling:
                           f"({self.model_id}); use {ROUTE_FOR_TASK.get(self.task, 'another route')}",
                           code="wrong_task")
 
-    def check_count(self, n: int, param: str) -> None:
+    def check_count(self, n: int, param: str, status: int | None = None) -> None:
+        """``status``: OpenAI's routes answer every invalid request 400; TEI's say 422 / 413."""
         if n == 0:
-            raise Problem(422, f"'{param}' is empty; send at least one input", param=param)
+            raise Problem(status or 422, f"'{param}' is empty; send at least one input", param=param)
         if n > self.cfg.max_client_batch_size:
-            raise Problem(413, f"'{param}' has {n} inputs, more than this server's limit of "
+            raise Problem(status or 413, f"'{param}' has {n} inputs, more than this server's limit of "
                           f"{self.cfg.max_client_batch_size} (--max-client-batch-size); split the request",
                           param=param)
 
@@ -179,7 +180,8 @@ class RequestHandling:
         if not isinstance(value, list):
             raise Problem(status, f"'{param}' must be a string or a list of strings, got "
                           f"{type(value).__name__}", param=param)
-        self.check_count(len(value), param)
+        openai_status = 400 if status == 400 else None
+        self.check_count(len(value), param, openai_status)
         if all(isinstance(v, str) for v in value):
             for i, v in enumerate(value):
                 if not v:
@@ -188,7 +190,7 @@ class RequestHandling:
         if allow_ids and all(_is_int(v) for v in value):
             value = [value]
         if allow_ids and all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
-            self.check_count(len(value), param)
+            self.check_count(len(value), param, openai_status)
             for i, ids in enumerate(value):
                 bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
                 if bad is not None:

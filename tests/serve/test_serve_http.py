@@ -113,6 +113,8 @@ def test_tei_routes_answer_like_the_in_process_runtime(emb_server, tiny_predicto
     ("/embed", {"inputs": ["x" * 150_000]}, 413, "--max-request-bytes"),
     ("/v1/embeddings", {"input": {"a": 1}, "model": "m"}, 400, "'input' must be a string"),
     ("/v1/embeddings", {"model": "m"}, 400, "missing 'input'"),
+    ("/v1/embeddings", {"input": [], "model": "m"}, 400, "'input' is empty"),
+    ("/v1/embeddings", {"input": ["x"] * 3000, "model": "m"}, 400, "limit of 2048"),
     ("/v1/embeddings", {"input": "x", "model": "m", "encoding_format": "hex"}, 400, "'encoding_format'"),
     ("/v1/embeddings", {"input": "x", "model": "m", "dimensions": 9999}, 400, "'dimensions' must be"),
     ("/v1/embeddings", b"[1, 2", 400, "not valid JSON"),
