@@ -58,7 +58,7 @@ def tool_versions() -> dict[str, str]:
     """Versions of bertopt, Python and every tracked package that is already imported."""
     from importlib import metadata
 
-    from bertopt import __version__
+    from bertopt.version import __version__
 
     versions = {"bertopt": __version__, "python": platform.python_version()}
     for module, dist in _TRACKED_PACKAGES.items():

@@ -14,8 +14,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from bertopt.errors import UserError, require
-
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+from bertopt.params import PROVIDERS
 
 
 class Session(Protocol):
@@ -101,7 +100,13 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_ORT_OPT_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
 class OrtSession:
+    """ONNX Runtime. ``runtime_options`` (manifest) may set ``graph_optimization_level`` (basic, extended, all;
+    default all) and ``allow_spinning`` (default off): the benchmarks' session-option study uses them."""
+
     backend = "onnxruntime"
 
     def __init__(self, artifact, provider: str = "auto", threads: int | None = None,
@@ -109,14 +114,17 @@ class OrtSession:
         ort = require("onnxruntime", "onnx", "running ONNX artifacts")
         available = ort.get_available_providers()
         wanted = _ort_providers(provider, available)
+        runtime_options = (getattr(artifact, "manifest", None) or {}).get("runtime_options") or {}
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or default_threads()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        level = runtime_options.get("graph_optimization_level", "all")
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_OPT_LEVELS[level])
         # Spinning threads burn the other core between batches; on a shared 2-core box it costs more
         # than it saves, and it makes co-located workers (server, Spark) fight.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        spinning = "1" if runtime_options.get("allow_spinning") else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         options.log_severity_level = 3
         try:
             gpu_options = {"device_id": str(device_id)} if device_id is not None else {}

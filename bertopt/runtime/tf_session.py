@@ -131,8 +131,14 @@ def signature_call(fn) -> Callable[[dict, list], dict]:
 
 
 def session_for_artifact(artifact, threads: int | None = None) -> TFSession:
+    """A session on a tf-graphdef or tf-savedmodel artifact, or on a TF model that is no artifact (a reference or
+    a freeze source: ``artifact.function``, a signature-style callable, kept alive by ``artifact.keep_alive``)."""
     names = [o["name"] for o in artifact.outputs]
-    if artifact.model_format == "tf-graphdef":
+    function = getattr(artifact, "function", None)
+    if function is not None:
+        call = signature_call(function)
+        call.keep_alive = getattr(artifact, "keep_alive", None)
+    elif artifact.model_format == "tf-graphdef":
         graph_def = load_graph_def(artifact.model_path, where=str(artifact.model_path))
         check_frozen(graph_def, str(artifact.model_path))
         call = graph_def_call(graph_def, [i["name"] for i in artifact.inputs])

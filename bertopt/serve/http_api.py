@@ -382,7 +382,7 @@ class TeiRoutes(RequestHandling):
         return out
 
     def info(self) -> dict[str, Any]:
-        from bertopt import __version__
+        from bertopt.version import __version__
 
         f, c = self.facts, self.cfg
         worker = self.front.worker_info()

@@ -21,8 +21,8 @@ import threading
 from typing import Any
 
 from bertopt.errors import UserError, require
+from bertopt.protocol import decode_reply
 from bertopt.serve.metrics import Metrics
-from bertopt.serve.protocol import decode_reply
 
 log = logging.getLogger("bertopt.serve.http")
 

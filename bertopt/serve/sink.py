@@ -21,7 +21,7 @@ import sys
 import time
 from collections import OrderedDict, deque
 
-from bertopt.serve.protocol import (
+from bertopt.protocol import (
     CONFIG,
     ERROR,
     HTTP_IDENTITY,

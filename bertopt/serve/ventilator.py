@@ -31,8 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bertopt.serve.batching import KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
-from bertopt.serve.protocol import (
+from bertopt.protocol import (
     CONFIG,
     DONE,
     ERROR,
@@ -49,6 +48,7 @@ from bertopt.serve.protocol import (
     num,
     parse_request,
 )
+from bertopt.serve.batching import KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
 
 log = logging.getLogger("bertopt.serve")
 MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
@@ -442,7 +442,7 @@ class Ventilator:
 
     # -- status -------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        from bertopt import __version__
+        from bertopt.version import __version__
 
         c = self.cfg
         s = self.scheduler

@@ -24,7 +24,7 @@ import traceback
 
 import numpy as np
 
-from bertopt.serve.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
 
 log = logging.getLogger("bertopt.serve.worker")
 

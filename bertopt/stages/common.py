@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from bertopt.artifact import Artifact
+
+# (stage, model format) -> the stage's implementation for that format, registered by the part that knows the
+# format (bertopt.tf registers TensorFlow graphs and models), so stages/ never imports it
+_FORMAT_HANDLERS: dict[tuple[str, str], Callable] = {}
+
+
+def register_format_handler(stage: str, *formats: str):
+    def deco(handler):
+        for model_format in formats:
+            _FORMAT_HANDLERS[(stage, model_format)] = handler
+        return handler
+
+    return deco
+
+
+def format_handler(stage: str, model_format: str) -> Callable | None:
+    """The registered implementation of ``stage`` for ``model_format``, or None."""
+    from bertopt.extensions import load_extensions
+
+    load_extensions()
+    return _FORMAT_HANDLERS.get((stage, model_format))
 
 
 def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import THREADS, Param
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -82,6 +82,7 @@ PARAMS = [
           "in the float precision (weights-only int8).",
           check=lambda v: None if v >= 0 else "must be 0 (off) or a positive channel count"),
     _compile_param("inference_precision"),
+    THREADS,
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
@@ -89,15 +90,13 @@ PARAMS = [
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
-    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.common import format_handler, require_onnx_artifact
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format in ("tf-graphdef", "tf-savedmodel"):
         if config["mode"] != "fp16":
             raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
-        from bertopt.tf.fp16 import quantize_tf_fp16
-
-        return quantize_tf_fp16(art, config, out_dir, overwrite)
+        return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
     if config["runtime"] == "openvino":
         from bertopt.stages.quantize_openvino import quantize_int8_openvino
 

@@ -9,11 +9,10 @@ model cannot run) are ``UserError`` (exit 2) raised before anything is run or wr
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -149,14 +148,25 @@ def _prepare_report_dir(report_dir: Path) -> None:
                             "choose another --report-dir")
 
 
-def _spark_check(artifact, data, config):
-    if importlib.util.find_spec("bertopt.spark") is None or importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
-    from bertopt.spark.validate import spark_check
+# checks run by another part (Spark registers "spark": the UDF against the in-process runtime), so validate/
+# never imports that part
+_RUNNER_CHECKS: dict[str, Callable] = {}
 
-    return spark_check(artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
-                       pairs=data.pairs)
+
+def register_runner_check(name: str):
+    def deco(check):
+        _RUNNER_CHECKS[name] = check
+        return check
+
+    return deco
+
+
+def _spark_check(artifact, data, config):
+    from bertopt.extensions import load_extensions
+
+    load_extensions()
+    return _RUNNER_CHECKS["spark"](artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
+                                   pairs=data.pairs)
 
 
 def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
@@ -195,9 +205,6 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
         queries, passages = rerank_pairs(data.texts)
         data = Dataset(queries, passages, None, f"{data.source} (query x passage pairs)")
     check_pairs(artifact, model_task, data.pairs)
-    if config["spark"] and importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     labels = None
     if config["label_column"]:
@@ -215,7 +222,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                 live.update(f"[bold]validate[/] {text}")
 
         from bertopt.runtime import Predictor
-        from bertopt.validate.compare import _flatten, compare_runs, cosine_rows
+        from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
         from bertopt.validate.reference import reference_predictor
 
         art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
@@ -241,7 +248,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                                                     want[task_out]))
         distributions = {}
         for name in names:
-            g, r = _flatten(got[name]).astype(np.float64), _flatten(want[name]).astype(np.float64)
+            g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
             err = np.abs(g - r).ravel()
             if err.size > 200_000:
                 err = np.random.default_rng(0).choice(err, 200_000, replace=False)

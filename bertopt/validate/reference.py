@@ -6,8 +6,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from bertopt.errors import UserError
+
+# source kind -> builder of its reference Predictor, for kinds another part runs (bertopt.tf registers the
+# TensorFlow ones), so validate/ never imports that part
+_REFERENCES: dict[str, Callable] = {}
+
+
+def register_reference(*kinds: str):
+    def deco(builder):
+        for kind in kinds:
+            _REFERENCES[kind] = builder
+        return builder
+
+    return deco
 
 
 def reference_predictor(artifact, reference: str | os.PathLike | None = None, *, threads: int | None = None,
@@ -37,11 +51,12 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
 
         return hf_reference(source.path, threads=threads, bf16=bf16, max_seq_len=max_seq_len, batch_size=batch_size,
                             pooling=pooling, length_bucketing=length_bucketing)
-    if source.kind in ("tf-savedmodel", "keras", "tf-checkpoint"):
-        from bertopt.tf.reference import tf_reference
+    from bertopt.extensions import load_extensions
 
-        return tf_reference(source, artifact, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
-                            length_bucketing=length_bucketing)
+    load_extensions()
+    if source.kind in _REFERENCES:
+        return _REFERENCES[source.kind](source, artifact, threads=threads, max_seq_len=max_seq_len,
+                                        batch_size=batch_size, length_bucketing=length_bucketing)
     if source.kind == "onnx":
         from bertopt.runtime import Predictor
         from bertopt.sources.hf import SourceModel

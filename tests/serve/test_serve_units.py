@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from bertopt.protocol import HTTP_IDENTITY, ProtocolError, parse_request
 from bertopt.serve.batching import KIND_PAIR, FairQueue, Piece, cut_request, pack
-from bertopt.serve.protocol import HTTP_IDENTITY, ProtocolError, parse_request
 from bertopt.serve.sink import Assembler
 
 
