@@ -298,8 +298,8 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.inference_seconds.observe(time.monotonic() - job.dispatched)
 
-    def _next_job(self, queue: FairQueue, lane: bytes, max_tokens: int) -> MiniJob | None:
-        pieces = pack(queue, max_tokens, self.max_texts, skip=lambda p: p.key in self.failed_requests)
+    def _next_job(self, queue: FairQueue, lane: bytes, max_tokens: int, max_texts: int) -> MiniJob | None:
+        pieces = pack(queue, max_tokens, max_texts, skip=lambda p: p.key in self.failed_requests)
         if not pieces:
             return None
         job = MiniJob(next(self.job_ids), lane, pieces)
@@ -326,7 +326,9 @@ class Scheduler:
             free = [(len(s.in_flight()), s) for s in live if None in s.lanes.values()]
             if not free:
                 break
-            job = self._next_job(self.priority, LANE_PRIORITY, self.priority_tokens)
+            # a packed priority job stays as small as one priority request may be, so packing never makes a
+            # small request wait for much more than itself
+            job = self._next_job(self.priority, LANE_PRIORITY, self.priority_tokens, max(1, self.priority_texts))
             if job is None:
                 break
             slot = min(free, key=lambda t: (t[0], t[1].index))[1]
@@ -339,7 +341,7 @@ class Scheduler:
             free = [s for s in live if s.ready and s.lanes[LANE_BULK] is None]
             if not free:
                 break
-            job = self._next_job(self.bulk, LANE_BULK, self.max_tokens)
+            job = self._next_job(self.bulk, LANE_BULK, self.max_tokens, self.max_texts)
             if job is None:
                 break
             slot = min(free, key=lambda s: (s.jobs_done, s.index))
