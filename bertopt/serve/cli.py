@@ -88,6 +88,9 @@ def _register_serve(app: typer.Typer) -> None:
                                                     "admitted at once; beyond it: 429 with Retry-After."),
         request_timeout: float = typer.Option(60.0, "--request-timeout", help="Seconds an HTTP request may "
                                               "wait for its answer (then 504)."),
+        bulk_nice: int = typer.Option(10, "--bulk-nice", help="Nice value of the workers' bulk-lane threads "
+                                      "(0-19): under a flood, small (priority) requests get the cores first. "
+                                      "0 gives bulk work the same priority."),
         priority_batch_size: int = typer.Option(16, "--priority-batch-size", help="Requests of at most this "
                                                 "many texts go to the priority lane and never wait behind "
                                                 "large requests (0 disables it)."),
@@ -146,7 +149,8 @@ def _register_serve(app: typer.Typer) -> None:
                           threads_per_worker=threads_per_worker, max_request_bytes=max_request_bytes,
                           grace_s=grace, curve_keys=curve_keys, zmq=zmq, http_port=http_port, api_key=api_key,
                           max_client_batch_size=max_client_batch_size,
-                          max_concurrent_requests=max_concurrent_requests, request_timeout_s=request_timeout)
+                          max_concurrent_requests=max_concurrent_requests, request_timeout_s=request_timeout,
+                          bulk_nice=bulk_nice)
 
         # each worker logs "worker i ready" to stderr as it loads; the ready line goes to stdout
         serve(cfg, on_ready=lambda line: print(line, flush=True))

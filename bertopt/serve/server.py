@@ -54,6 +54,7 @@ class ServeConfig:
     max_client_batch_size: int = 2048
     max_concurrent_requests: int = 512
     request_timeout_s: float = 60.0
+    bulk_nice: int = 10
 
     @property
     def priority_tokens(self) -> int:
@@ -68,6 +69,8 @@ class ServeConfig:
         for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1)):
             if getattr(self, name) < low:
                 raise UserError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+        if not 0 <= self.bulk_nice <= 19:
+            raise UserError(f"--bulk-nice must be 0-19, got {self.bulk_nice}")
         if self.request_timeout_s <= 0:
             raise UserError(f"--request-timeout must be positive, got {self.request_timeout_s}")
         if self.api_key is not None and not self.api_key.strip():
@@ -257,7 +260,8 @@ class Server:
             vcfg.pop("api_key", None)
             wcfg = {"artifact": self.facts["artifact"], "provider": "cuda" if cfg.device_map else cfg.provider,
                     "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
-                    "output": self.facts["output"], "ventilator": f"tcp://127.0.0.1:{router_port}",
+                    "output": self.facts["output"], "bulk_nice": cfg.bulk_nice,
+                    "ventilator": f"tcp://127.0.0.1:{router_port}",
                     "sink": sink_addr, "log_level": cfg.log_level}
             tokenizer = load_tokenizer(Path(self.facts["tokenizer"]), self.facts["max_seq_len"])
             self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, wcfg, http_in=http_in,

@@ -95,12 +95,15 @@ class LaneRunner:
     """One lane thread: runs mini-jobs on the shared Predictor, pushes each piece's rows to the sink, then
     reports DONE (result first, so a death in between re-sends rather than loses)."""
 
-    def __init__(self, ctx, cfg: dict, predictor):
-        self.ctx, self.cfg, self.predictor = ctx, cfg, predictor
+    def __init__(self, ctx, cfg: dict, predictor, nice: int = 0):
+        self.ctx, self.cfg, self.predictor, self.nice = ctx, cfg, predictor, nice
         self.queue: queue.Queue = queue.Queue()
 
     def loop(self) -> None:
         import zmq
+
+        if self.nice:
+            self._lower_priority()
 
         sink = self.ctx.socket(zmq.PUSH)
         sink.setsockopt(zmq.LINGER, 5000)
@@ -116,6 +119,14 @@ class LaneRunner:
         finally:
             sink.close()
             done.close()
+
+    def _lower_priority(self) -> None:
+        """Bulk work yields the cores to priority work: the lane thread (which runs the model with one thread
+        per worker) gets a higher nice value. Linux schedules threads separately, so this is per thread."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        except (AttributeError, OSError) as exc:  # not Linux, or not permitted: bulk keeps normal priority
+            log.warning("worker %d: could not lower the bulk lane's priority (%s)", self.cfg["index"], exc)
 
     def run_job(self, sink, job_id: bytes, kind: bytes, pieces, items) -> None:
         try:
@@ -203,7 +214,8 @@ def run_worker(cfg: dict) -> int:
 
     done_pull = ctx.socket(zmq.PULL)
     done_pull.bind(f"inproc://done-{index}")
-    lanes = {name: LaneRunner(ctx, cfg, predictor) for name in ("bulk", "priority")}
+    lanes = {"bulk": LaneRunner(ctx, cfg, predictor, nice=int(cfg.get("bulk_nice") or 0)),
+             "priority": LaneRunner(ctx, cfg, predictor)}
     threads = [threading.Thread(target=lane.loop, name=f"lane-{name}", daemon=True) for name, lane in lanes.items()]
     for t in threads:
         t.start()

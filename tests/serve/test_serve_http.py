@@ -319,3 +319,14 @@ def test_token_classification_entities_over_http_equal_the_predictor(task_artifa
     assert [e["word"] for e in single] == [e["word"] for e in pred.predict(texts[:1])[0]]
     bad = httpx.post(server.url + "/predict", json={"inputs": "x", "aggregation_strategy": "best"}, timeout=30)
     assert bad.status_code == 422 and "'aggregation_strategy' must be one of" in bad.json()["error"]
+
+
+def test_bulk_lane_threads_run_niced_so_priority_work_gets_the_cores(http_server, cli, tiny_onnx):
+    with http_server.client() as c:
+        pids = [w["pid"] for w in c.status()["workers"]]
+    for pid in pids:
+        nice = [int(open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[16])
+                for tid in os.listdir(f"/proc/{pid}/task")]
+        assert nice.count(10) == 1 and nice.count(0) == len(nice) - 1, nice  # the bulk lane thread only
+    code, _, err = cli("serve", str(tiny_onnx.path), "--bulk-nice", "20")
+    assert code == 2 and "--bulk-nice must be 0-19" in err
