@@ -299,6 +299,9 @@ class TeiRoutes(RequestHandling):
         if len(kinds) > 1:
             raise Problem(422, "'inputs' mixes texts and pairs; send one kind per request", param="inputs")
         kind = KIND_PAIR if kinds == {True} else KIND_TEXT
+        if kind == KIND_PAIR and self.facts["model_info"].get("pair_input") is False:
+            raise Problem(422, "this classification model takes a single text, but [text, text] pairs were given; "
+                          "send texts", param="inputs")
         lengths = await self.count_tokens(items, kind, truncate, "inputs", 413)
         logits = await self.run(kind, items, lengths)
         from bertopt.runtime.tasks import class_probabilities, label_names

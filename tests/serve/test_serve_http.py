@@ -155,9 +155,8 @@ def test_predict_on_a_classifier_http_only(task_artifact, start_server):
     logits = pred.encode(TEXTS[:1])
     single = httpx.post(server.url + "/predict", json={"inputs": TEXTS[0], "raw_scores": True}).json()
     np.testing.assert_allclose(sorted(d["score"] for d in single), np.sort(logits[0]), atol=1e-5)
-    pair_logits = pred.encode(["hello world"], pairs=["the cat"])
-    pair = httpx.post(server.url + "/predict", json={"inputs": ["hello world", "the cat"], "raw_scores": True})
-    np.testing.assert_allclose(sorted(d["score"] for d in pair.json()), np.sort(pair_logits[0]), atol=1e-5)
+    pair = httpx.post(server.url + "/predict", json={"inputs": ["hello world", "the cat"]})  # pair_input false
+    assert pair.status_code == 422 and "takes a single text" in pair.json()["error"]
     for route, body in (("/embed", {"inputs": "x"}), ("/v1/embeddings", {"input": "x", "model": "m"}),
                         ("/rerank", {"query": "q", "texts": ["a"]})):
         r = httpx.post(server.url + route, json=body, timeout=30)
@@ -180,6 +179,9 @@ def test_legacy_classifier_manifest_is_served_on_predict(tmp_path, start_server)
     got = httpx.post(server.url + "/predict", json={"inputs": "hello world"}, timeout=60).json()
     want = Predictor(art, threads=1).predict(["hello world"])[0]
     assert got[0]["label"] == want["label"] and abs(got[0]["score"] - want["score"]) < 1e-5
+    pair_logits = Predictor(art, threads=1).encode(["hello world"], pairs=["the cat"])  # TEI: 2 strings = a pair
+    pair = httpx.post(server.url + "/predict", json={"inputs": ["hello world", "the cat"], "raw_scores": True})
+    np.testing.assert_allclose(sorted(d["score"] for d in pair.json()), np.sort(pair_logits[0]), atol=1e-5)
 
 
 def test_rerank_and_sparse_answer_like_the_predictor(task_artifact, start_server):
