@@ -97,16 +97,19 @@ def cli(capsys):
 @pytest.fixture(scope="session")
 def task_artifact(tmp_path_factory):
     """``task_artifact(task, family="bert") -> (hf folder, artifact)``: a tiny random task model (classification,
-    multi-label, token-classification, rerank, sparse-embedding) of a family, exported; built once a session."""
-    from task_models import build_task_model, export_task_artifact
+    multi-label, token-classification, rerank, sparse-embedding) of a family with its own tokenizer kind
+    (``bertopt.testing.build_tiny_family_model``), exported by ``bertopt export``; built once a session."""
+    from bertopt.registry import run_stage
+    from bertopt.testing import build_tiny_family_model
 
     built: dict = {}
 
     def get(task: str, family: str = "bert"):
         if (task, family) not in built:
             root = tmp_path_factory.mktemp(f"{family}-{task}")
-            hf = build_task_model(root / "hf", task, family)
-            built[task, family] = (hf, export_task_artifact(hf, root / "art", task))
+            head = "classification" if task == "multi-label" else task
+            hf = build_tiny_family_model(root / "hf", family, head, multi_label=task == "multi-label")
+            built[task, family] = (hf, run_stage("export", hf, {}, root / "art"))
         return built[task, family]
 
     return get

@@ -142,8 +142,8 @@ def classify(logits: np.ndarray, model_info: dict[str, Any]) -> list[dict[str, A
 # -- rerank --------------------------------------------------------------------------------------------------
 def rerank_activation(model_info: dict[str, Any]) -> str:
     """sentence-transformers' CrossEncoder applies sigmoid to a single logit unless the model says otherwise
-    (``activation`` in the manifest: sigmoid, identity/none)."""
-    name = str(model_info.get("activation") or "sigmoid").lower()
+    (``score_activation`` in the manifest, from the CrossEncoder's config: sigmoid, identity)."""
+    name = str(model_info.get("score_activation") or model_info.get("activation") or "sigmoid").lower()
     if name.endswith("identity") or name == "none":
         return "identity"
     if name.endswith("sigmoid"):
@@ -302,6 +302,19 @@ def token_entities(predictor, texts: Sequence[str], token_logits: Sequence[np.nd
         entities = aggregate_entities(spans, pre, names, aggregation)
         out.append([e for e in entities if e.get("entity", e.get("entity_group")) not in ignore])
     return out
+
+
+def jsonable(value: Any) -> Any:
+    """Results as plain JSON values: numpy arrays and scalars become lists and numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
 
 
 # -- the Predictor's task-level calls ------------------------------------------------------------------------

@@ -16,9 +16,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-# what a piece carries: plain texts, (first, second) pairs, or token-id lists
-KIND_TEXT, KIND_PAIR, KIND_IDS = b"t", b"p", b"i"
-KINDS = (KIND_TEXT, KIND_PAIR, KIND_IDS)
+# what a piece carries: plain texts, (first, second) pairs, token-id lists, or predict objects
+# ({"text", "pair", "aggregation"}: Client.predict, answered with the task's JSON results)
+KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT = b"t", b"p", b"i", b"r"
+KINDS = (KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT)
 
 
 @dataclass
@@ -115,8 +116,9 @@ def pack(queue: FairQueue, max_tokens: int, max_texts: int, skip=lambda piece: F
         if skip(nxt):
             queue.pop()
             continue
+        # predict pieces are not packed with other requests' (each request has its own pair / aggregation)
         if batch and (nxt.kind != batch[0].kind or tokens + nxt.tokens > max_tokens
-                      or texts + nxt.size > max_texts):
+                      or texts + nxt.size > max_texts or nxt.kind == KIND_PREDICT):
             break
         batch.append(queue.pop())
         tokens += nxt.tokens

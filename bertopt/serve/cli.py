@@ -1,4 +1,4 @@
-"""``bertopt serve`` and ``bertopt client encode|status``; heavy imports (zmq, onnxruntime) stay inside."""
+"""``bertopt serve`` and ``bertopt client encode|predict|status``; heavy imports (zmq, onnxruntime) stay inside."""
 
 from __future__ import annotations
 
@@ -191,6 +191,33 @@ def _register_client(app: typer.Typer) -> None:
             for text, vec in zip(texts, vectors):
                 head = ", ".join(f"{v:+.4f}" for v in vec[:4])
                 print(f"{text[:40]!r:44} d={len(vec)} norm={np.linalg.norm(vec):.4f} [{head}, ...]")
+
+    @client_app.command("predict")
+    def client_predict(
+        texts: List[str] = typer.Argument(..., help="Texts (rerank: the queries).", show_default=False),
+        pair: Optional[List[str]] = typer.Option(None, "--pair", help="Second text of each input, once per text "
+                                                 "(rerank: the passage each query is scored with)."),
+        aggregation: Optional[str] = typer.Option(None, "--aggregation", help="Token classification: none, simple, "
+                                                  "first, average or max (default: simple)."),
+        ip: str = typer.Option("127.0.0.1", "--ip", help=_ADDR_HELP),
+        port: int = typer.Option(5555, "--port", "-p", help="The server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", help="The server's reply port."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the reply."),
+        curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Key folder for a CurveZMQ server."),
+    ) -> None:
+        """The served model's task results, one JSON line per text: label + score for classifiers, entities for
+        token classification, a score for rerank (with --pair), indices + values for SPLADE, the vector for
+        embeddings."""
+        from bertopt.client import Client, ServerError, ServerTimeout
+
+        try:
+            with Client(ip, port, port_out, timeout=timeout, curve_keys=curve_keys) as client:
+                results = client.predict(texts, pair or None, aggregation=aggregation)
+        except (ServerTimeout, ServerError) as exc:
+            raise UserError(str(exc)) from None
+        for i, (text, result) in enumerate(zip(texts, results)):
+            row = {"text": text, **({"pair": pair[i]} if pair else {}), "result": result}
+            print(json.dumps(row))
 
     @client_app.command("status")
     def client_status(

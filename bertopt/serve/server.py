@@ -164,9 +164,6 @@ class Server:
         cfg.check()
         self.cfg = cfg
         self.facts = _model_facts(cfg.artifact, cfg.max_seq_len)
-        if self.facts["token_level"] and (cfg.zmq or cfg.http_port is None):
-            raise UserError("a token-classification artifact is served over HTTP only (POST /predict answers its "
-                            "entities); use --http-port PORT --no-zmq")
         self.threads = cfg.threads()
         self.sink_proc: subprocess.Popen | None = None
         self.ventilator = None

@@ -31,6 +31,7 @@ from bertopt.protocol import (
     error_reply,
     ndarray_reply,
 )
+from bertopt.serve.task_replies import TASK_RESULT, TaskAssembly, task_reply
 
 log = logging.getLogger("bertopt.serve.sink")
 FINISHED_MEMORY = 200_000  # answered request keys remembered to drop late duplicates
@@ -46,12 +47,31 @@ class Assembler:
         self.open: dict[tuple[bytes, bytes], dict] = {}
         self.finished: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0}
+        self.tasks = TaskAssembly()  # predict requests: JSON task results
 
     def _finish(self, key) -> None:
         self.finished[key] = None
         if len(self.finished) > FINISHED_MEMORY:
             self.finished.popitem(last=False)
         self.open.pop(key, None)
+        self.tasks.open.pop(key, None)
+
+    def task_result(self, identity, request_id, job_index, n_jobs, n_texts, offset, payload):
+        """Like ``result`` for a predict request's slice of JSON task results."""
+        key = (identity, request_id)
+        if key in self.finished:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        results = self.tasks.add(key, job_index, n_jobs, n_texts, offset, payload)
+        if results is False:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        self.counters["results"] += 1
+        if results is None:
+            return None
+        self._finish(key)
+        self.counters["replies"] += 1
+        return task_reply(identity, request_id, results)
 
     def result(self, identity, request_id, job_index, n_jobs, n_texts, offset, dim, data):
         """Returns the reply frames when this result completes its request, else None."""
@@ -213,6 +233,9 @@ class Sink:
             identity, request_id = frames[1], frames[2]
             job_index, n_jobs, n_texts, offset, dim = (int(f) for f in frames[3:8])
             reply = self.asm.result(identity, request_id, job_index, n_jobs, n_texts, offset, dim, frames[8])
+        elif tag == TASK_RESULT and len(frames) == 8:
+            job_index, n_jobs, n_texts, offset = (int(f) for f in frames[3:7])
+            reply = self.asm.task_result(frames[1], frames[2], job_index, n_jobs, n_texts, offset, frames[7])
         elif tag == ERROR and len(frames) == 4:
             reply = self.asm.error(frames[1], frames[2], frames[3].decode(errors="replace"))
         elif tag == CONFIG and len(frames) == 4:

@@ -48,7 +48,7 @@ from bertopt.protocol import (
     num,
     parse_request,
 )
-from bertopt.serve.batching import KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
+from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
 
 log = logging.getLogger("bertopt.serve")
 MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
@@ -417,12 +417,26 @@ class Ventilator:
         log.warning("rejected a request from %r: %s", exc.identity[:40], exc)
         self.sink.send_multipart([ERROR, exc.identity, exc.request_id, str(exc).encode()])
 
-    def token_lengths(self, texts: list[str]) -> list[int]:
+    def token_lengths(self, texts: list, pairs: list | None = None) -> list[int]:
         if self.tokenizer is None:
             return [1] * len(texts)
-        return [len(e.ids) for e in self.tokenizer.encode_batch(texts)]
+        seqs = texts if pairs is None else list(zip(texts, pairs))
+        return [len(e.ids) for e in self.tokenizer.encode_batch(seqs)]
 
     def enqueue(self, req: Request) -> None:
+        from bertopt.protocol import is_predict_request
+
+        if is_predict_request(req.texts):  # Client.predict: the task's results
+            texts = [i["text"] for i in req.texts]
+            pairs = [i["pair"] for i in req.texts] if "pair" in req.texts[0] else None
+            self._take(req.identity, req.request_id, req.texts, self.token_lengths(texts, pairs), KIND_PREDICT)
+            return
+        task = self.cfg.get("task", "embedding")
+        if task != "embedding":  # a plain (embedding) request on a task model: say what to use instead
+            self.fail_request(req.key, f"this server serves a {task} model, which has no sentence embeddings; ask "
+                                       "for its results with bertopt's Client.predict (or 'bertopt client predict')"
+                                       "; bert-serving-client gets embeddings from embedding models only")
+            return
         self._take(req.identity, req.request_id, req.texts, self.token_lengths(req.texts), KIND_TEXT)
 
     def _take(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:

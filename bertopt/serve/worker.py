@@ -24,7 +24,10 @@ import traceback
 
 import numpy as np
 
+from bertopt.errors import UserError
 from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.serve.batching import KIND_PREDICT
+from bertopt.serve.task_replies import TASK_RESULT, TaskRequestError, predict_payload
 
 log = logging.getLogger("bertopt.serve.worker")
 
@@ -120,6 +123,24 @@ class LaneRunner:
             sink.close()
             done.close()
 
+    def run_predict(self, sink, pieces, items) -> None:
+        """Client.predict pieces: ``Predictor.predict`` per piece (each request has its own pair / aggregation),
+        JSON results to the sink."""
+        start = 0
+        for identity, request_id, (index, n_pieces, n_texts, offset, count) in pieces:
+            chunk, start = items[start:start + count], start + count
+            try:
+                payload = predict_payload(self.predictor, chunk)
+            except (TaskRequestError, UserError) as exc:  # the request asks for what the model cannot do
+                sink.send_multipart([ERROR, identity, request_id, str(exc).encode()])
+                continue
+            except Exception as exc:  # the request gets an error reply instead of silence
+                log.error("worker %d: predict failed: %s", self.cfg["index"], traceback.format_exc())
+                sink.send_multipart([ERROR, identity, request_id, f"worker failed on this request: {exc}".encode()])
+                continue
+            sink.send_multipart([TASK_RESULT, identity, request_id, num(index), num(n_pieces), num(n_texts),
+                                 num(offset), payload])
+
     def _lower_priority(self) -> None:
         """Bulk work yields the cores to priority work: the lane thread (which runs the model with one thread
         per worker) gets a higher nice value. Linux schedules threads separately, so this is per thread."""
@@ -129,6 +150,9 @@ class LaneRunner:
             log.warning("worker %d: could not lower the bulk lane's priority (%s)", self.cfg["index"], exc)
 
     def run_job(self, sink, job_id: bytes, kind: bytes, pieces, items) -> None:
+        if kind == KIND_PREDICT:
+            self.run_predict(sink, pieces, items)
+            return
         try:
             array = run_items(self.predictor, self.cfg["output"], kind, items)
         except Exception as exc:  # each request gets an error reply instead of silence

@@ -299,12 +299,10 @@ def test_serve_http_options_refuse_clearly(cli, tiny_onnx):
     assert code == 2 and f"cannot bind HTTP 127.0.0.1:{port}" in err and "Traceback" not in err
 
 
-def test_token_classification_entities_over_http_equal_the_predictor(task_artifact, start_server, cli):
+def test_token_classification_entities_over_http_equal_the_predictor(task_artifact, start_server):
     from bertopt.runtime import Predictor
 
     _, ner = task_artifact("token-classification")
-    code, _, err = cli("serve", str(ner.path), "--http-port", "8080")  # ZeroMQ would get padded logits
-    assert code == 2 and "served over HTTP only" in err and "--no-zmq" in err
     server = start_server(ner.path, "--no-zmq", http=True, num_worker=1)
     pred = Predictor(ner, threads=1)
     texts = ["hello world the quick brown fox", "serving models over http"]
