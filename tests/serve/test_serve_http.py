@@ -174,13 +174,17 @@ def test_legacy_classifier_manifest_is_served_on_predict(tmp_path, start_server)
     from bertopt.testing import build_tiny_hf_bert
 
     art = run_stage("export", build_tiny_hf_bert(tmp_path / "hf", classifier=True), {}, tmp_path / "cls")
-    assert art.model_info["task"] == "classifier"  # the name before the task contract
+    manifest = json.loads((art.path / "bertopt.json").read_text())  # as written before the task contract
+    manifest["model"]["task"] = "classifier"
+    manifest["model"]["pair_input"] = True  # a sentence-pair classifier (NLI-style): TEI's [text, text] input
+    (art.path / "bertopt.json").write_text(json.dumps(manifest))
     server = start_server(art.path, "--no-zmq", http=True, num_worker=1)
     got = httpx.post(server.url + "/predict", json={"inputs": "hello world"}, timeout=60).json()
     want = Predictor(art, threads=1).predict(["hello world"])[0]
     assert got[0]["label"] == want["label"] and abs(got[0]["score"] - want["score"]) < 1e-5
     pair_logits = Predictor(art, threads=1).encode(["hello world"], pairs=["the cat"])  # TEI: 2 strings = a pair
     pair = httpx.post(server.url + "/predict", json={"inputs": ["hello world", "the cat"], "raw_scores": True})
+    assert pair.status_code == 200, pair.text
     np.testing.assert_allclose(sorted(d["score"] for d in pair.json()), np.sort(pair_logits[0]), atol=1e-5)
 
 
