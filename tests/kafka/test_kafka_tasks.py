@@ -75,3 +75,51 @@ def test_kafka_bridge_answers_with_task_results(kafka, task_artifact, read_final
     assert "scores (query, passage) pairs" in bodies["nopair"]["error"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.server
+def test_kafka_zmq_backend_carries_task_results(kafka, task_artifact, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from bertopt.testing import free_port
+
+    _, art = task_artifact("classification", "roberta")
+    port, port_out = free_port(), free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        serve = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "serve", str(art.path), "--port", str(port),
+                                  "--port-out", str(port_out), "--num-worker", "1"], stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while "ready on" not in log_path.read_text():
+            assert serve.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)
+        req_topic, resp_topic = kafka.topics(partitions=1)
+        requests = [{"id": i, "text": t} for i, t in enumerate(TASK_TEXTS)] + [{"id": "all", "texts": TASK_TEXTS}]
+        kafka.produce_requests(req_topic, requests)
+        proc, log_file = kafka.start_bridge(art.path, req_topic, resp_topic, "--backend", "zmq", "--port", str(port),
+                                            "--port-out", str(port_out), group="zmq-task")
+        messages = kafka.responses(resp_topic, until=lambda ms: len(ms) >= len(requests), timeout_s=90)
+        assert len(messages) == len(requests), log_file.read_text()[-3000:]
+        want = json.loads(json.dumps(Predictor(art).predict(TASK_TEXTS)))
+        bodies = {json.loads(m.value())["id"]: json.loads(m.value()) for m in messages}
+        for i in range(len(TASK_TEXTS)):
+            assert bodies[i]["result"]["label"] == bodies[i]["label"] == want[i]["label"]
+            assert bodies[i]["result"]["score"] == pytest.approx(want[i]["score"], abs=1e-6)
+        assert bodies["all"]["labels"] == [w["label"] for w in want]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait(10)
