@@ -334,3 +334,12 @@ def test_bulk_lane_threads_run_niced_so_priority_work_gets_the_cores(http_server
         assert nice.count(10) == 1 and nice.count(0) == len(nice) - 1, nice  # the bulk lane thread only
     code, _, err = cli("serve", str(tiny_onnx.path), "--bulk-nice", "20")
     assert code == 2 and "--bulk-nice must be 0-19" in err
+
+
+def test_request_timeout_answers_504_and_the_late_reply_is_dropped(tiny_onnx, start_server):
+    server = start_server(tiny_onnx.path, "--no-zmq", "--request-timeout", "0.001", http=True, num_worker=1)
+    r = httpx.post(server.url + "/embed", json={"inputs": ["hello world"] * 200}, timeout=60)
+    assert r.status_code == 504 and "--request-timeout" in r.json()["error"]
+    o = httpx.post(server.url + "/v1/embeddings", json={"input": "hello", "model": "m"}, timeout=60)
+    assert o.status_code == 504 and o.json()["error"]["type"] == "timeout_error"
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200  # still up
