@@ -19,8 +19,11 @@ Server -> client (sink PUB on ``port_out``, topic = identity):
 
 Internal messages (numbers travel as decimal ASCII):
 
-    ventilator -> worker  [b"J", job_id, lane, identity, request_id, job_index, n_jobs, n_texts, offset, texts_json]
+    ventilator -> worker  [b"J", job_id, lane, kind, n_pieces, (identity, request_id, piece_meta) x n_pieces,
+                           items_json]                                  (a mini-job: pieces of one or more requests)
                           [b"STOP"]
+                          piece_meta = b"index n_pieces n_texts offset count"; kind t (texts), p (pairs), i (ids)
+    HTTP front end -> ventilator (inproc)  [request_id, kind, {"items": [...], "lengths": [...]} json]
     worker -> ventilator  [b"READY", info_json] | [b"FAIL", message] | [b"DONE", job_id]
     worker -> sink        [b"R", identity, request_id, job_index, n_jobs, n_texts, offset, dim, float32 bytes]
     anyone -> sink        [b"E", identity, request_id, message]            (the request's one reply is an error)
@@ -48,6 +51,8 @@ _REQ_ID = re.compile(rb"^[0-9]{1,20}$")
 JOB, STOP, READY, FAIL, DONE = b"J", b"STOP", b"READY", b"FAIL", b"DONE"
 RESULT, ERROR, CONFIG, SINK_STOP = b"R", b"E", b"C", b"S"
 LANE_PRIORITY, LANE_BULK = b"p", b"b"
+# the HTTP front end's requests use this identity; ZeroMQ clients may not (their replies would go astray)
+HTTP_IDENTITY = b"\x00bertopt-http"
 
 
 class ProtocolError(Exception):
@@ -115,6 +120,8 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
         raise ProtocolError(f"malformed message: client identity of {len(identity)} bytes "
                             f"(must be 1-{MAX_IDENTITY_BYTES}); dropped")
     request_id = frames[2]
+    if identity.startswith(HTTP_IDENTITY):
+        raise ProtocolError("malformed message: client identity reserved for the HTTP front end; dropped")
     if len(frames) != 4:
         raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count], "
                             f"got {len(frames)}; use bertopt.client.Client or bert-serving-client",
