@@ -35,7 +35,7 @@ from bertopt.errors import UserError
 log = logging.getLogger("bertopt.spark")
 
 KAFKA_SOURCE = "kafka"
-EMPTY_TEXT_ERROR = ("empty or whitespace-only text has no prediction with the spark backend (the Spark UDF gives "
+EMPTY_TEXT_ERROR = ("empty or whitespace-only text has no prediction on Spark (the bertopt Spark UDF gives "
                     "null for it); send non-empty text")
 
 
