@@ -182,7 +182,7 @@ def test_start_response_stream_refuses_a_static_dataframe_and_a_missing_checkpoi
     static = spark.createDataFrame(kafka_rows([request(1, text="x")]), KAFKA_SOURCE_SCHEMA)
     with pytest.raises(UserError, match="needs a streaming DataFrame"):
         start_response_stream(static, tiny_onnx.path, lambda df, epoch: None, "/tmp/unused")
-    source = spark.readStream.format("rate").load().selectExpr("CAST(value AS BINARY) AS key",
-                                                                 "CAST(value AS BINARY) AS value")
+    source = spark.readStream.format("rate").load().selectExpr("CAST(CAST(value AS STRING) AS BINARY) AS key",
+                                                                 "CAST(CAST(value AS STRING) AS BINARY) AS value")
     with pytest.raises(UserError, match="a checkpoint location is required"):
         start_response_stream(source, tiny_onnx.path, lambda df, epoch: None, "")
