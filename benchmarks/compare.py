@@ -48,34 +48,6 @@ GATE_COS_MIN = 0.995
 GOAL = {"padded_vs_bf16": 1.5, "mixed_vs_bf16": 2.0, "latency_vs_fp32": 0.5}
 
 
-class OrtVariant:
-    """An ONNX Runtime session with chosen options, for the session-option study (the runtime's own session
-    is ``bertopt.runtime.backends.OrtSession``)."""
-
-    backend = "onnxruntime"
-
-    def __init__(self, artifact, threads=None, spinning=False, opt_level="all"):
-        import onnxruntime as ort
-
-        from bertopt.runtime.backends import default_threads
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or default_threads()
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[opt_level]
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        self._session = ort.InferenceSession(str(artifact.model_path), sess_options=options,
-                                             providers=["CPUExecutionProvider"])
-        self.provider, self.threads = "CPUExecutionProvider", options.intra_op_num_threads
-        self.input_names = [i.name for i in self._session.get_inputs()]
-        self.output_names = [o.name for o in self._session.get_outputs()]
-
-    def run(self, names, feeds):
-        return self._session.run(names, feeds)
-
-
 def dtype_of(precision: str) -> str:
     return "int8" if "int8" in precision else "bf16" if "bf16" in precision else "fp32"
 
@@ -137,23 +109,27 @@ def main(argv=None) -> int:
 def study_contenders(built, exported, fastest, threads, batch_size):
     """Variants isolating one optimisation step each."""
     from bertopt.artifact import Artifact
-    from bertopt.runtime.openvino_backend import OpenVinoSession
+    from bertopt.runtime.backends import ModelFile, open_session
 
     def wrap(name, art, session=None, **kw):
         return artifact_contender(name, art, threads, batch_size, session=session, **kw)
 
+    def ort_variant(art, **options):  # the artifact's model with other ONNX Runtime session options
+        return open_session(ModelFile(art.model_path, runtime_options=options), provider="cpu", threads=threads)
+
     out = []
     for recipe, label in (("minilm-fp32-optimized", "ORT fp32 optimised"), ("minilm-int8-cpu", "ORT int8 dynamic")):
         art = built[recipe]
-        out.append(wrap(f"{label} +spinning", art, OrtVariant(art, threads, spinning=True)))
-    out.append(wrap("ORT fp32 exported, basic opt", exported, OrtVariant(exported, threads, opt_level="basic")))
+        out.append(wrap(f"{label} +spinning", art, ort_variant(art, allow_spinning=True)))
+    out.append(wrap("ORT fp32 exported, basic opt", exported,
+                    ort_variant(exported, graph_optimization_level="basic")))
     f32 = Artifact(fastest.path, {**fastest.manifest, "runtime_options": {**fastest.manifest["runtime_options"],
                                                                           "inference_precision": "f32"}})
     f32.manifest["precision"] = "fp32"
-    out.append(wrap("OpenVINO f32 (same ONNX)", f32, OpenVinoSession(f32, threads=threads)))
+    out.append(wrap("OpenVINO f32 (same ONNX)", f32, open_session(f32, threads=threads)))
     tput = Artifact(fastest.path, {**fastest.manifest, "runtime_options": {**fastest.manifest["runtime_options"],
                                                                            "performance_hint": "THROUGHPUT"}})
-    out.append(wrap("OpenVINO bf16 THROUGHPUT hint", tput, OpenVinoSession(tput, threads=threads)))
+    out.append(wrap("OpenVINO bf16 THROUGHPUT hint", tput, open_session(tput, threads=threads)))
     out.append(wrap("bertopt fastest, no bucketing", fastest, length_bucketing=False))
     return out
 

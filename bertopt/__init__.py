@@ -8,7 +8,7 @@ Python API (each reaches the same registry and runtime as the CLI)::
     emb = bertopt.Predictor(art).encode(["hello world"])
 """
 
-__version__ = "0.1.0"
+from bertopt.version import __version__
 
 __all__ = ["__version__", "Artifact", "Predictor", "run_stage", "run_recipe", "resolve_source"]
 

@@ -58,7 +58,7 @@ def tool_versions() -> dict[str, str]:
     """Versions of bertopt, Python and every tracked package that is already imported."""
     from importlib import metadata
 
-    from bertopt import __version__
+    from bertopt.version import __version__
 
     versions = {"bertopt": __version__, "python": platform.python_version()}
     for module, dist in _TRACKED_PACKAGES.items():
@@ -298,6 +298,14 @@ class ArtifactWriter:
             "outputs": outputs,
             "precision": precision,
         }
+
+    def staged(self) -> Artifact:
+        """A view of the artifact being written (the temp folder; no digest, files not yet hashed), for the
+        self-checks a stage runs before the artifact is renamed into place."""
+        if self._model is None:
+            raise RuntimeError(f"stage {self.stage} did not call set_model()")
+        return Artifact(self.dir, {**self._model, "model": self.model_info, "runtime": self.runtime, **self.extra,
+                                   "digest": "staging", "files": {}})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None:

@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import typer
 
+from bertopt.params import BATCH_SIZE, RUNTIME, THREADS
+
 ProgressFn = Callable[[str], None]
 
 
@@ -338,7 +340,7 @@ def register(app: typer.Typer) -> None:
         reference: bool = typer.Option(False, "--reference/--no-reference", help="Also measure the first artifact's "
                                        "source model in PyTorch fp32 and bf16 autocast; ratios and fidelity "
                                        "(cosine, neighbour agreement) are then given against PyTorch fp32."),
-        batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the padded and mixed workloads."),
+        batch_size: int = BATCH_SIZE.typer_option(),
         seq_len: int = typer.Option(128, "--seq-len", help="Tokens per sentence of the padded workload."),
         latency_seq_len: int = typer.Option(16, "--latency-seq-len", help="Tokens of the batch-1 latency input."),
         texts: int = typer.Option(256, "--texts", help="Sentences per padded pass."),
@@ -348,10 +350,8 @@ def register(app: typer.Typer) -> None:
         corpus_texts: Optional[int] = typer.Option(None, "--corpus-texts", help="Built-in corpus sentences used "
                                                    "for fidelity with --reference (default: all)."),
         rounds: int = typer.Option(3, "--rounds", help="Interleaved rounds; medians are reported."),
-        threads: Optional[int] = typer.Option(None, "--threads", help="Threads per contender (default: the "
-                                              "cores this process may use)."),
-        runtime: Optional[str] = typer.Option(None, "--runtime", help="Run every artifact with this backend "
-                                              "instead of the one in its manifest (onnxruntime, openvino)."),
+        threads: Optional[int] = THREADS.typer_option(),
+        runtime: Optional[str] = RUNTIME.typer_option(),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results to this JSON file."),
     ) -> None:
         """Measure artifacts through the Predictor: throughput at batch 32 padded to 128 tokens, on mixed-length

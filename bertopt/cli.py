@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from bertopt.errors import GateFailed, UserError
-
-console = Console()
-err_console = Console(stderr=True)
+from bertopt.params import typer_parameters
+from bertopt.reporting import console, err_console
 
 app = typer.Typer(
     name="bertopt",
@@ -31,9 +29,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-_OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
-
 
 def _stage_command(name: str):
     from bertopt.registry import get_stage
@@ -59,20 +54,7 @@ def _stage_command(name: str):
         inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(False, "--force", help="Replace an existing output artifact.")),
     ]
-    for p in stage.PARAMS:
-        help_text = p.help + (f" Choices: {', '.join(p.choices)}." if p.choices else "")
-        if p.type is bool:
-            flag = f"{p.cli_flag}/--no-{p.cli_flag[2:]}"
-            option = typer.Option(None, flag, help=help_text + f" (default: {p.default})", show_default=False)
-            ann = Optional[bool]
-        else:
-            default_text = ",".join(p.default) if isinstance(p.default, list) else p.default
-            option = typer.Option(None, p.cli_flag, help=help_text + (f" (default: {default_text})"
-                                                                      if p.default is not None else ""),
-                                  show_default=False)
-            ann = _OPTION_TYPES[p.type]
-        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=option))
-    command.__signature__ = inspect.Signature(params)
+    command.__signature__ = inspect.Signature(params + typer_parameters(stage.PARAMS))
     command.__name__ = name
     command.__doc__ = stage.HELP
     return command

@@ -149,7 +149,7 @@ class Client:
         return fut.result(None if self.timeout is None else self.timeout + 5)
 
     def _receive_loop(self) -> None:
-        from bertopt.serve.protocol import ProtocolError, decode_reply
+        from bertopt.protocol import ProtocolError, decode_reply
 
         zmq = self._zmq
         while not self._closed.is_set():

@@ -2,12 +2,16 @@
 
 A stage module exposes ``PARAMS: list[Param]``. ``resolve_config`` turns whatever the caller gave
 (CLI options, a recipe step's mapping, API keyword arguments) into a checked, complete config dict.
+``typer_parameters`` builds a generated command's options from Params; ``Param.typer_option`` one option of a
+hand-written command. The runtime settings every command that runs a model shares (provider, threads, batch
+size, max sequence length, runtime) are declared here once.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from bertopt.errors import UserError
 
@@ -24,6 +28,16 @@ class Param:
     @property
     def cli_flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def cli_help(self) -> str:
+        return self.help + (f" Choices: {', '.join(self.choices)}." if self.choices else "")
+
+    def typer_option(self, *aliases: str, flag: str | None = None):
+        """This parameter as an option of a hand-written Typer command (its default, flag and help)."""
+        import typer
+
+        return typer.Option(self.default, flag or self.cli_flag, *aliases, help=self.cli_help)
 
     def coerce(self, value: Any, where: str) -> Any:
         if value is None:
@@ -70,6 +84,45 @@ class Param:
             if problem:
                 raise UserError(f"{where}: '{self.name}' {problem}")
         return value
+
+
+_OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
+
+
+def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
+    """Keyword-only Typer options for ``params`` (a generated command's signature: stage commands, validate);
+    each defaults to None, so only what the user gave reaches ``resolve_config``."""
+    import typer
+
+    out = []
+    for p in params:
+        if p.type is bool:
+            option = typer.Option(None, f"{p.cli_flag}/--no-{p.cli_flag[2:]}", show_default=False,
+                                  help=p.cli_help + f" (default: {'on' if p.default else 'off'})")
+            annotation = Optional[bool]
+        else:
+            default = ",".join(p.default) if isinstance(p.default, list) else p.default
+            option = typer.Option(None, p.cli_flag, show_default=False,
+                                  help=p.cli_help + (f" (default: {default})" if default is not None else ""))
+            annotation = _OPTION_TYPES[p.type]
+        out.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option))
+    return out
+
+
+def _positive(value) -> str | None:
+    return None if value >= 1 else "must be at least 1"
+
+
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+PROVIDER = Param("provider", str, "auto", "Execution provider (auto: CUDA when the runtime has it, else CPU).",
+                 choices=PROVIDERS)
+THREADS = Param("threads", int, None, "CPU threads per model session (default: every core this process may use).")
+BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "
+                   "first).", check=_positive)
+MAX_SEQ_LEN = Param("max_seq_len", int, None, "Truncate texts to this many tokens (default: the artifact's).",
+                    check=_positive)
+RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
+                "(onnxruntime, openvino, tensorflow).")
 
 
 def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where: str) -> dict[str, Any]:

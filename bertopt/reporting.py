@@ -1,6 +1,11 @@
-"""Terminal tables shared by commands."""
+"""Terminal output shared by commands: the consoles (standard output, standard error) and tables."""
 
 from __future__ import annotations
+
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
 
 
 def print_recipe_summary(result, console) -> None:

@@ -10,6 +10,7 @@ import typer
 
 from bertopt.errors import UserError
 from bertopt.kafka.spark_backend import SPARK_PARAM
+from bertopt.params import BATCH_SIZE, THREADS
 
 HELP = (
     "Answer prediction requests from a Kafka topic, at least once.\n\n"
@@ -44,13 +45,10 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option("local", "--backend", help="local: run the artifact in this process. zmq: "
                                     "send batches to a running 'bertopt serve' cluster (--server, --port, "
                                     "--port-out), so the bridge scales out with its workers. spark: run each batch "
-                                    "as a Spark job through the bertopt Spark UDF (--master, --partitions)."),
-        threads: Optional[int] = typer.Option(None, "--threads", help="Runtime threads (local backend; default: "
-                                              "all cores; spark backend: per task, default: the executor's cores "
-                                              "shared by its concurrent tasks)."),
-        batch_size: int = typer.Option(32, "--batch-size", help="Runtime batch size inside one bridge batch "
-                                       "(local and spark backends): texts are length-bucketed into batches of this "
-                                       "size."),
+                                    "as a Spark job through the bertopt Spark UDF (--master, --partitions; "
+                                    "--threads are then per Spark task)."),
+        threads: Optional[int] = THREADS.typer_option(),
+        batch_size: int = BATCH_SIZE.typer_option(),
         server: str = typer.Option("127.0.0.1", "--server", help="zmq backend: address of 'bertopt serve'."),
         port: int = typer.Option(5555, "--port", "-p", help="zmq backend: the server's request port."),
         port_out: int = typer.Option(5556, "--port-out", help="zmq backend: the server's reply port."),

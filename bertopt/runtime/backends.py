@@ -7,13 +7,14 @@ caller. New backends register with ``@register_backend``; the Predictor never br
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from bertopt.errors import UserError, require
-
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+from bertopt.params import PROVIDERS
 
 
 class Session(Protocol):
@@ -36,21 +37,44 @@ def register_backend(name: str):
     return deco
 
 
-def backend_names() -> list[str]:
-    _load_optional_backends()
-    return sorted(_BACKENDS)
-
-
 def _load_optional_backends() -> None:
     # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).
     import importlib
 
-    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend"):
+    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend",
+                   "bertopt.runtime.torch_backend"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+
+
+@dataclass
+class ModelFile:
+    """A model to open without an artifact around it (a candidate of the accuracy search, a probe copy of a
+    graph with extra outputs): its file, or its serialised bytes, and the runtime (and options) to run it on."""
+
+    model_path: Path | None = None
+    runtime: str = "onnxruntime"
+    runtime_options: dict[str, Any] = field(default_factory=dict)
+    model_bytes: bytes | None = None
+    model_format: str = "onnx"
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return {"runtime_options": self.runtime_options}
+
+
+def open_model(model, *, runtime: str = "onnxruntime", provider: str = "cpu", threads: int | None = None,
+               runtime_options: dict[str, Any] | None = None) -> Session:
+    """A session on an in-memory ONNX model (``ModelProto``) or a model file path, through the backend registry."""
+    if isinstance(model, (str, os.PathLike)):
+        file = ModelFile(Path(model), runtime=runtime, runtime_options=dict(runtime_options or {}))
+    else:
+        file = ModelFile(None, runtime=runtime, runtime_options=dict(runtime_options or {}),
+                         model_bytes=model.SerializeToString())
+    return open_session(file, provider=provider, threads=threads)
 
 
 def open_session(artifact, backend: str | None = None, provider: str = "auto",
@@ -76,7 +100,13 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_ORT_OPT_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
 class OrtSession:
+    """ONNX Runtime. ``runtime_options`` (manifest) may set ``graph_optimization_level`` (basic, extended, all;
+    default all) and ``allow_spinning`` (default off): the benchmarks' session-option study uses them."""
+
     backend = "onnxruntime"
 
     def __init__(self, artifact, provider: str = "auto", threads: int | None = None,
@@ -84,23 +114,26 @@ class OrtSession:
         ort = require("onnxruntime", "onnx", "running ONNX artifacts")
         available = ort.get_available_providers()
         wanted = _ort_providers(provider, available)
+        runtime_options = (getattr(artifact, "manifest", None) or {}).get("runtime_options") or {}
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or default_threads()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        level = runtime_options.get("graph_optimization_level", "all")
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_OPT_LEVELS[level])
         # Spinning threads burn the other core between batches; on a shared 2-core box it costs more
         # than it saves, and it makes co-located workers (server, Spark) fight.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        spinning = "1" if runtime_options.get("allow_spinning") else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         options.log_severity_level = 3
         try:
             gpu_options = {"device_id": str(device_id)} if device_id is not None else {}
             providers = [(p, gpu_options) if gpu_options and p in _GPU_PROVIDERS else p for p in wanted]
-            self._session = ort.InferenceSession(str(artifact.model_path), sess_options=options,
-                                                 providers=providers)
+            model = getattr(artifact, "model_bytes", None) or str(artifact.model_path)
+            self._session = ort.InferenceSession(model, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
-            raise UserError(f"ONNX Runtime cannot load {artifact.model_path}: {str(exc).splitlines()[0]}; "
-                            "re-create the artifact") from None
+            raise UserError(f"ONNX Runtime cannot load {artifact.model_path or 'the model'}: "
+                            f"{str(exc).splitlines()[0]}; re-create the artifact") from None
         got = self._session.get_providers()
         if provider in ("cuda", "tensorrt") and wanted[0] not in got:
             raise UserError(f"provider '{provider}' was requested but ONNX Runtime fell back to {got[0]} "

@@ -13,6 +13,6 @@ def open_tensorflow_session(artifact, provider: str = "auto", threads: int | Non
         raise UserError(f"the TensorFlow runtime in bertopt runs on CPU; provider '{provider}' is not available "
                         "(use --provider cpu, or export the graph to ONNX for CUDA/TensorRT)")
     require("tensorflow", "tf", "running TensorFlow artifacts")
-    from bertopt.tf.graph import session_for_artifact
+    from bertopt.runtime.tf_session import session_for_artifact
 
     return session_for_artifact(artifact, threads=threads)

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from bertopt.errors import UserError
+from bertopt.params import MAX_SEQ_LEN, PROVIDER
 
 _ADDR_HELP = "Server address to connect to."
 
@@ -70,13 +71,12 @@ def register(app: typer.Typer) -> None:
         priority_batch_size: int = typer.Option(16, "--priority-batch-size", help="Requests of at most this "
                                                 "many texts go to the priority lane and never wait behind "
                                                 "large requests (0 disables it)."),
-        max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Truncate texts to this many "
-                                                  "tokens (default: the artifact's)."),
+        max_seq_len: Optional[int] = MAX_SEQ_LEN.typer_option(),
         device_map: Optional[str] = typer.Option(None, "--device-map", help="GPU numbers for the workers, e.g. "
                                                  "0,1 (worker i uses device i mod len); CUDA only."),
         bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on; 0.0.0.0 exposes the "
                                  "server to the network (consider --curve-keys)."),
-        provider: str = typer.Option("auto", "--provider", help="Execution provider: auto, cpu, cuda, tensorrt."),
+        provider: str = PROVIDER.typer_option(),
         threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="Threads per "
                                                          "worker (default: cores // workers, at least 1)."),
         max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Larger requests get an "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from bertopt.errors import UserError, require
-from bertopt.serve.protocol import WIRE_VERSION
+from bertopt.protocol import WIRE_VERSION
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20

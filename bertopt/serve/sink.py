@@ -21,7 +21,7 @@ import sys
 import time
 from collections import OrderedDict, deque
 
-from bertopt.serve.protocol import CONFIG, ERROR, RESULT, SINK_STOP, config_reply, error_reply, ndarray_reply
+from bertopt.protocol import CONFIG, ERROR, RESULT, SINK_STOP, config_reply, error_reply, ndarray_reply
 
 log = logging.getLogger("bertopt.serve.sink")
 FINISHED_MEMORY = 200_000  # answered request keys remembered to drop late duplicates

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from bertopt.serve.protocol import (
+from bertopt.protocol import (
     CONFIG,
     DONE,
     ERROR,
@@ -319,7 +319,7 @@ class Ventilator:
 
     # -- status -------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        from bertopt import __version__
+        from bertopt.version import __version__
 
         c = self.cfg
         return {

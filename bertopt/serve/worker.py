@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 
-from bertopt.serve.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
 
 log = logging.getLogger("bertopt.serve.worker")
 

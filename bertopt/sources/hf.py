@@ -1,4 +1,5 @@
-"""Hugging Face model folders: metadata, the PyTorch model with pooling, and the PyTorch reference.
+"""Hugging Face model folders: metadata, the PyTorch model with pooling, and the PyTorch reference (run by the
+``pytorch`` runtime backend).
 
 Weights load through transformers' safetensors path (or ``torch.load(weights_only=True)`` for
 ``pytorch_model.bin``); nothing is unpickled.
@@ -10,8 +11,6 @@ import json
 import shutil
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bertopt.errors import UserError, require
 
@@ -161,39 +160,11 @@ INPUT_SPECS = [
 ]
 
 
-class TorchSession:
-    """PyTorch as a runtime session (``run(output_names, feeds)``), so the reference model runs through
-    the same tokenisation, batching and comparison code as artifacts. ``bf16`` uses CPU autocast (AMX)."""
-
-    backend = "pytorch"
-
-    def __init__(self, module, output_names: list[str], threads: int | None = None, bf16: bool = False):
-        import torch
-
-        from bertopt.runtime.backends import default_threads
-
-        self.torch = torch
-        self.module = module
-        self.output_names = output_names
-        self.input_names = [s["name"] for s in INPUT_SPECS]
-        self.bf16 = bf16
-        self.provider = "cpu-bf16-autocast" if bf16 else "cpu"
-        self.threads = threads or default_threads()
-        torch.set_num_threads(self.threads)
-
-    def run(self, output_names, feeds):
-        torch = self.torch
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.input_names]
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            outs = self.module(*args)
-        by_name = dict(zip(self.output_names, outs))
-        return [by_name[n].float().numpy() for n in output_names]
-
-
 class SourceModel:
     """What a Predictor needs to know about a model that is not (yet) an artifact."""
 
-    def __init__(self, path: Path, tokenizer_path: Path, inputs, outputs, model_info, label: str):
+    def __init__(self, path: Path, tokenizer_path: Path, inputs, outputs, model_info, label: str, module=None,
+                 runtime_options: dict[str, Any] | None = None):
         self.path = path
         self.tokenizer_path = tokenizer_path
         self.inputs = inputs
@@ -203,6 +174,8 @@ class SourceModel:
         self.precision = "fp32"
         self.model_format = "pytorch"
         self.runtime = "pytorch"
+        self.module = module  # the torch module the ``pytorch`` runtime backend runs
+        self.manifest = {"runtime_options": dict(runtime_options or {})}
 
 
 def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, max_seq_len: int | None = None,
@@ -221,9 +194,9 @@ def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, 
     if not (path / "tokenizer.json").exists():  # build one from vocab.txt, in a scratch folder
         tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
         copy_tokenizer(path, tok_dir)
-    spec = SourceModel(path, tok_dir, INPUT_SPECS, outputs, info, label=f"pytorch:{path}")
-    session = TorchSession(module, [o["name"] for o in outputs], threads=threads, bf16=bf16)
-    return Predictor(spec, session=session, max_seq_len=max_seq_len, batch_size=batch_size,
+    spec = SourceModel(path, tok_dir, INPUT_SPECS, outputs, info, label=f"pytorch:{path}", module=module,
+                       runtime_options={"bf16": bf16})
+    return Predictor(spec, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
                      length_bucketing=length_bucketing)
 
 

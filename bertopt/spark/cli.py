@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from bertopt.params import BATCH_SIZE, MAX_SEQ_LEN, PROVIDER
+
 HELP = (
     "Run an artifact over a table with Spark and write Parquet with the input columns plus the predictions.\n\n"
     "Null or empty text gives a null prediction, not a failed job. The model is loaded once per Python worker and "
@@ -36,10 +38,8 @@ def register(app: typer.Typer) -> None:
                                    "machine; spark://host:7077, yarn, k8s://... for a cluster."),
         partitions: Optional[int] = typer.Option(None, "--partitions", help="Repartition the input into N parts "
                                                  "(default: at least one per task slot)."),
-        batch_size: int = typer.Option(32, "--batch-size", help="Texts per model call (rows are sorted by length "
-                                       "within each Arrow batch first)."),
-        max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Truncate texts to this many tokens "
-                                                  "(default: the artifact's)."),
+        batch_size: int = BATCH_SIZE.typer_option(),
+        max_seq_len: Optional[int] = MAX_SEQ_LEN.typer_option(),
         fmt: str = typer.Option("auto", "--format", help="Input format: auto (from the file name), parquet, csv, "
                                 "text."),
         outputs: Optional[str] = typer.Option(None, "--outputs", help="Comma-separated outputs to add (default: "
@@ -47,8 +47,7 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option("", "--prefix", help="Prefix for the prediction column names."),
         ship: bool = typer.Option(False, "--ship", help="Zip the artifact and send it to the executors with "
                                   "SparkContext.addArchive (for clusters without a shared file system)."),
-        provider: str = typer.Option("auto", "--provider", help="auto (a GPU per partition when executors have "
-                                     "them, else CPU), cpu or cuda."),
+        provider: str = PROVIDER.typer_option(),
         force: bool = typer.Option(False, "--force", help="Replace an existing --output."),
     ) -> None:
         """Run an artifact over a table with Spark and write Parquet with the predictions appended."""
@@ -56,7 +55,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from bertopt.cli import console
+        from bertopt.reporting import console
         from bertopt.spark.job import spark_predict
 
         # pyspark warns about pandas 3 on every UDF; it works, and the warning would bury the progress bar

@@ -13,11 +13,14 @@ checked on the built-in corpus (``accuracy_vs_parent``), which the search never 
 
 The same search picks fp32 islands for fp16 (``--mode fp16 --accuracy-target ...``): "quantise" means "convert
 to fp16" there.
+
+This module is a library the quantisers call (``bertopt.stages.quantize_int8``, ``quantize_openvino``, ``fp16``):
+each hands :func:`search` its candidates and a ``build(kept, path)`` that writes one candidate model; the search
+never calls a quantiser back. Candidate models run through :mod:`bertopt.runtime`.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +33,8 @@ ACCURACY_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pa
                     "neighbour_agreement_at_10", "top1_agreement", "abs_err_p99")
 
 
-def _targets(config, art) -> list:
+def accuracy_targets(config, art) -> list:
+    """The parsed ``accuracy_target`` of ``config``, checked against ``art``'s outputs and the accuracy metrics."""
     from bertopt.validate.targets import parse_targets
 
     targets = parse_targets(config["accuracy_target"])
@@ -46,35 +50,33 @@ def _targets(config, art) -> list:
     return targets
 
 
-class _Evaluator:
+class Evaluator:
     """Runs candidate model files on the calibration text and compares them with the fp32 parent's outputs, on the
     runtime the result will be served with (ONNX Runtime, or OpenVINO with ``runtime_options``)."""
 
     def __init__(self, art, texts: list[str], runtime: str = "onnxruntime",
-                 runtime_options: dict[str, Any] | None = None):
+                 runtime_options: dict[str, Any] | None = None, threads: int | None = None):
         from bertopt.runtime import Predictor
 
         self.art = art
         self.runtime = runtime
+        self.threads = threads
         # no blob cache: every candidate is a different model compiled once
         self.runtime_options = {**(runtime_options or {}), "cache": False}
         self.texts = texts
         self.primary = art.model_info.get("primary_output") or art.outputs[-1]["name"]
         self.kinds = {o["name"]: o.get("kind", "embedding") for o in art.outputs}
-        self.reference = Predictor(art, provider="cpu", verify=False).run(texts)
+        self.reference = Predictor(art, provider="cpu", threads=threads, verify=False).run(texts)
         self.evaluations = 0
 
     def __call__(self, model_path: Path) -> dict[str, float]:
-        from types import SimpleNamespace
-
         from bertopt.runtime import Predictor
-        from bertopt.runtime.backends import open_session
+        from bertopt.runtime.backends import ModelFile, open_session
         from bertopt.validate.compare import compare_runs
 
-        # a backend only needs the model file's path (and OpenVINO its options)
-        file = SimpleNamespace(model_path=Path(model_path), model_format="onnx", runtime=self.runtime,
-                               manifest={"runtime_options": self.runtime_options})
-        predictor = Predictor(self.art, session=open_session(file, provider="cpu"), verify=False)
+        file = ModelFile(Path(model_path), runtime=self.runtime, runtime_options=self.runtime_options)
+        predictor = Predictor(self.art, session=open_session(file, provider="cpu", threads=self.threads),
+                              verify=False)
         got = predictor.run(self.texts)
         self.evaluations += 1
         stats = compare_runs(got, self.reference, self.kinds)
@@ -185,138 +187,19 @@ def greedy_fallback(candidates: list[tuple[str, str]], build: Callable[[list[str
             "steps": steps, "candidates": len(names), "search_s": round(time.perf_counter() - t0, 1)}
 
 
+def search(art, config: dict[str, Any], targets, texts: list[str], candidates: list[tuple[str, str]],
+           build: Callable[[list[str], Path], None], workdir: Path, costs: dict[str, float] | None = None,
+           runtime: str = "onnxruntime", runtime_options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+    """Run the search for ``art`` on the calibration ``texts``, candidate models measured on ``runtime``; returns
+    (the result of :func:`greedy_fallback`, the manifest's ``accuracy_search`` section)."""
+    evaluator = Evaluator(art, texts, runtime=runtime, runtime_options=runtime_options, threads=config.get("threads"))
+    result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], workdir, costs=costs)
+    return result, _search_report(config, targets, texts, result, evaluator)
+
+
 def _search_report(config, targets, texts, result, evaluator) -> dict[str, Any]:
     return {"target": ", ".join(map(str, targets)), "measured_on": f"calibration text ({len(texts)} texts) vs the "
             "fp32 parent", "candidates": result["candidates"], "group": config["accuracy_group"],
             "evaluations": evaluator.evaluations, "search_s": result["search_s"],
             "final_calibration_metrics": {t.metric: result["metrics"].get(t.metric) for t in targets},
             "kept_fp32": result["kept_rows"], "sensitivity": result["sensitivity"], "steps": result["steps"]}
-
-
-def search_int8_fallback(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
-    """int8 (dynamic or static) with the most sensitive operators kept fp32 until ``accuracy_target`` holds."""
-    from bertopt.artifact import ArtifactWriter
-    from bertopt.data import corpus
-    from bertopt.runtime import Predictor
-    from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
-    from bertopt.stages.quantize_int8 import (
-        calibration_statistics,
-        load_calibration_texts,
-        quantizable_nodes,
-        quantize_model_file,
-    )
-
-    targets = _targets(config, art)
-    texts = load_calibration_texts(config)
-    model = load_onnx(art.model_path)
-    before = graph_stats(model)
-    op_types = list(config["op_types"])
-    if config["mode"] == "int8-static":
-        op_types = [t for t in op_types if t != "Attention"]  # fused Attention has no QDQ kernel
-    user_excluded = list(config["exclude_nodes"])
-    from bertopt.stages.quantize import _ensure_node_names
-
-    _ensure_node_names(model.graph)  # exclusion works by node name
-    # measured once: every candidate model of the search shares the transforms and GPTQ's statistics
-    model, fp32_added, outliers, hessians = calibration_statistics(art, model, config)
-    static = config["mode"] == "int8-static"
-    candidates = [(n, op) for n, op in quantizable_nodes(model, op_types, weights_only=not static)
-                  if n not in user_excluded and n not in fp32_added]
-    if not candidates:
-        raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
-                        "check --op-types")
-    predictor = Predictor(art, provider="cpu", verify=False) if config["mode"] == "int8-static" else None
-    with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
-        w.copy_tokenizer(art)
-        with tempfile.TemporaryDirectory(prefix="bertopt-aaq-") as tmp:
-            tmp = Path(tmp)
-            src = tmp / "in.onnx"
-            save_onnx(model, src)
-            cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate
-
-            gptq_reports: dict[str, dict] = {}
-            gptq_cache: dict = {}
-
-            def build(kept: list[str], path: Path) -> None:
-                quantize_model_file(src, path, config, user_excluded + fp32_added + kept, texts, predictor,
-                                    calibration_cache=cache)
-                if hessians is not None:
-                    from bertopt.stages.gptq import apply_gptq
-
-                    gptq_reports[str(path)] = apply_gptq(model, path, hessians, gptq_cache)
-
-            evaluator = _Evaluator(art, texts)
-            result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], tmp,
-                                     costs=node_costs(model, [n for n, _ in candidates]))
-            (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
-            chosen_gptq = gptq_reports.get(str(result["model"]))
-        q = load_onnx(w.dir / "model.onnx")
-        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
-        stats = check_against(w, art, corpus())
-        w.report.update({"before": before, "after": graph_stats(q),
-                         "quantized_nodes": len(candidates) - len(result["kept"]),
-                         "kept_fp32_nodes": user_excluded + result["kept"],
-                         "accuracy_search": _search_report(config, targets, texts, result, evaluator),
-                         "accuracy_vs_parent": stats})
-        if outliers is not None:
-            w.report["outliers"] = outliers
-        if hessians is not None:
-            w.report["gptq"] = chosen_gptq
-    return w.artifact
-
-
-def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
-    """fp16 with fp32 islands: the most sensitive operators stay fp32 until ``accuracy_target`` holds."""
-    import onnx
-
-    from bertopt.artifact import ArtifactWriter
-    from bertopt.data import corpus
-    from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
-    from bertopt.stages.quantize import _ensure_node_names, fp16_convert, mask_path_nodes
-
-    targets = _targets(config, art)
-    from bertopt.stages.quantize_int8 import load_calibration_texts
-
-    texts = load_calibration_texts(config)
-    model = load_onnx(art.model_path)
-    _ensure_node_names(model.graph)
-    before = graph_stats(model)
-    user_excluded = list(config["exclude_nodes"])
-    fixed = set(mask_path_nodes(model.graph)) | set(user_excluded)
-    candidates = [(n.name, n.op_type) for n in model.graph.node
-                  if n.op_type in config["op_types"] and n.op_type not in config["keep_fp32_ops"]
-                  and n.name not in fixed]
-    if not candidates:
-        raise UserError(f"{art.path} has no {'/'.join(config['op_types'])} operators to convert; check --op-types")
-    named = model.SerializeToString()
-    kept_by_convert: dict[str, list[str]] = {}
-
-    def build(kept: list[str], path: Path) -> None:
-        fresh = onnx.load_from_string(named)
-        converted, blocked = fp16_convert(fresh, config["keep_fp32_ops"], user_excluded + kept)
-        kept_by_convert[str(path)] = blocked
-        save_onnx(converted, path)
-
-    with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
-        w.copy_tokenizer(art)
-        with tempfile.TemporaryDirectory(prefix="bertopt-aaf-") as tmp:
-            evaluator = _Evaluator(art, texts)
-            result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], Path(tmp),
-                                     costs=node_costs(model, [n for n, _ in candidates]))
-            (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
-            blocked = kept_by_convert[str(result["model"])]
-        converted = load_onnx(w.dir / "model.onnx")
-        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
-        stats = check_against(w, art, corpus())
-        w.report.update({"before": before, "after": graph_stats(converted),
-                         "kept_fp32_nodes": sorted(set(blocked)),
-                         "fp32_islands": result["kept"],
-                         "accuracy_search": _search_report(config, targets, texts, result, evaluator),
-                         "accuracy_vs_parent": stats})
-        bad = {k: v["nan_or_inf"] for k, v in stats.items() if v["nan_or_inf"]}
-        if bad:
-            raise UserError(f"fp16 model produced NaN/Inf on the built-in corpus ({bad}); keep more operators "
-                            "in fp32 with --keep-fp32-ops")
-    return w.artifact

@@ -1,26 +1,41 @@
-"""What several stages share: reading the staged (not yet renamed) artifact and checking it against its parent."""
+"""What several stages share: checking the staged (not yet renamed) artifact against its parent."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from bertopt.artifact import Artifact
 
-
-def staged(writer) -> Artifact:
-    """A view of the artifact being written (temp folder), for self-checks before it is renamed into place."""
-    m = writer._model
-    return Artifact(writer.dir, {**m, "model": writer.model_info, "runtime": writer.runtime, **writer.extra,
-                                 "digest": "staging", "files": {}})
+# (stage, model format) -> the stage's implementation for that format, registered by the part that knows the
+# format (bertopt.tf registers TensorFlow graphs and models), so stages/ never imports it
+_FORMAT_HANDLERS: dict[tuple[str, str], Callable] = {}
 
 
-def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None) -> dict[str, Any]:
+def register_format_handler(stage: str, *formats: str):
+    def deco(handler):
+        for model_format in formats:
+            _FORMAT_HANDLERS[(stage, model_format)] = handler
+        return handler
+
+    return deco
+
+
+def format_handler(stage: str, model_format: str) -> Callable | None:
+    """The registered implementation of ``stage`` for ``model_format``, or None."""
+    from bertopt.extensions import load_extensions
+
+    load_extensions()
+    return _FORMAT_HANDLERS.get((stage, model_format))
+
+
+def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None,
+                  threads: int | None = None) -> dict[str, Any]:
     """Run ``texts`` through the staged model and ``reference``; return per-output accuracy stats."""
     from bertopt.runtime import Predictor
     from bertopt.validate.compare import compare_runs
 
-    new = Predictor(staged(writer), provider="cpu")
-    old = Predictor(reference, provider="cpu", verify=False)
+    new = Predictor(writer.staged(), provider="cpu", threads=threads)
+    old = Predictor(reference, provider="cpu", threads=threads, verify=False)
     names = outputs or [o for o in new.output_names if o in old.output_names]
     got, ref = new.run(texts, outputs=names), old.run(texts, outputs=names)
     kinds = {o["name"]: o.get("kind", "embedding") for o in reference.outputs}

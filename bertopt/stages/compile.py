@@ -46,7 +46,7 @@ _ORT_DOMAIN = "com.microsoft"
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
-    from bertopt.artifact import Artifact, ArtifactWriter
+    from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.stages.common import require_onnx_artifact
     from bertopt.stages.onnx_util import load_onnx
@@ -64,16 +64,14 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         group = (art.manifest.get("runtime_options") or {}).get("dynamic_quantization_group_size")
         if group is not None:  # an OpenVINO int8 parent keeps its activation quantisation
             options["dynamic_quantization_group_size"] = group
-        precision = _precision_label(art.precision, config["inference_precision"])
+        precision = precision_label(art.precision, config["inference_precision"])
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         shutil.copy2(art.model_path, w.dir / "model.onnx")
         w.runtime = config["runtime"]
         w.extra["runtime_options"] = options
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
-        view = Artifact(w.dir, {**w._model, "model": w.model_info, "runtime": w.runtime, "runtime_options": options,
-                                "digest": "staging", "files": {}})
-        stats, session = _check(view, art, corpus())
+        stats, session = _check(w.staged(), art, corpus())
         w.report["accuracy_vs_parent"] = stats
         w.report["runtime"] = config["runtime"]
         if hasattr(session, "inference_precision"):
@@ -96,7 +94,7 @@ def refuse_ort_contrib_ops(art, model, fix: str) -> None:
                         f"read; {fix}")
 
 
-def _precision_label(parent: str, inference_precision: str) -> str:
+def precision_label(parent: str, inference_precision: str) -> str:
     compute = {"auto": "auto", "bf16": "bf16", "f32": "fp32"}[inference_precision]
     if parent.startswith("int8"):
         return f"{parent.split('+')[0]}+{compute}"  # int8 MatMuls, the rest in the chosen float precision

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -36,31 +35,22 @@ PARAMS = [
     Param("tokenizer", str, None, "Tokenizer folder for an ONNX file input (default: the file's folder)."),
 ]
 
-# (input kind, target) -> "module:function"; the TensorFlow entries live in bertopt.tf
-_EXPORTERS = {
-    ("hf", "onnx"): "bertopt.stages.export:export_hf_to_onnx",
-    ("onnx", "onnx"): "bertopt.stages.export:import_onnx",
-    ("hf", "tf-savedmodel"): "bertopt.tf.keras_bert:export_hf_to_savedmodel",
-    ("tf-checkpoint", "tf-savedmodel"): "bertopt.tf.keras_bert:export_checkpoint_to_savedmodel",
-    ("tf-graphdef", "onnx"): "bertopt.tf.to_onnx:export_graphdef_to_onnx",
-    ("tf-savedmodel", "onnx"): "bertopt.tf.to_onnx:export_graphdef_to_onnx",
-}
-
-
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import Artifact
+    from bertopt.stages.common import format_handler
 
     kind = input.model_format if isinstance(input, Artifact) else input.kind
-    key = (kind, config["to"])
-    if key not in _EXPORTERS:
+    # ONNX exports live here; the TensorFlow ones are registered by bertopt.tf as "<kind>-><target>"
+    exporter = {("hf", "onnx"): export_hf_to_onnx, ("onnx", "onnx"): import_onnx}.get((kind, config["to"])) \
+        or format_handler(NAME, f"{kind}->{config['to']}")
+    if exporter is None:
         hint = ""
         if kind in ("tf-savedmodel", "keras", "tf-checkpoint") and not isinstance(input, Artifact):
             hint = "; TensorFlow models go through 'bertopt freeze' first, then export"
         elif isinstance(input, Artifact) and kind == "onnx":
             hint = "; this artifact is already ONNX, use prune/optimize/quantize"
         raise UserError(f"export cannot turn a {kind} input into {config['to']}{hint}")
-    module, func = _EXPORTERS[key].split(":")
-    return getattr(importlib.import_module(module), func)(input, config, out_dir, overwrite)
+    return exporter(input, config, out_dir, overwrite)
 
 
 def export_hf_to_onnx(source, config, out_dir: Path, overwrite: bool):
@@ -117,15 +107,14 @@ def _max_abs_diff_vs_torch(writer, module, names, texts, info) -> float:
     """Worst elementwise difference over real tokens between ONNX Runtime and PyTorch."""
     import numpy as np
 
-    from bertopt.artifact import Artifact
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import INPUT_SPECS, SourceModel, TorchSession
+    from bertopt.sources.hf import INPUT_SPECS, SourceModel
 
-    staged = Artifact(writer.dir, {"model_file": "model.onnx", "model_format": "onnx", "inputs": INPUT_SPECS,
-                                   "outputs": writer._model["outputs"], "model": info, "digest": "staging"})
+    staged = writer.staged()
     onnx_pred = Predictor(staged, provider="cpu")
-    spec = SourceModel(writer.dir, writer.dir / "tokenizer", INPUT_SPECS, writer._model["outputs"], info, "pytorch")
-    torch_pred = Predictor(spec, session=TorchSession(module, names))
+    spec = SourceModel(writer.dir, writer.dir / "tokenizer", INPUT_SPECS, staged.outputs, info, "pytorch",
+                       module=module)
+    torch_pred = Predictor(spec, provider="cpu")
     a, b = onnx_pred.run(texts), torch_pred.run(texts)
     worst = 0.0
     for name in names:

@@ -29,6 +29,7 @@ PARAMS = [
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import Artifact
     from bertopt.errors import require
+    from bertopt.stages.common import format_handler
 
     if isinstance(input, Artifact):
         if input.model_format != "tf-savedmodel":
@@ -37,6 +38,5 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         raise UserError(f"freeze takes a TensorFlow SavedModel, .keras file or Google BERT checkpoint; "
                         f"{input.path} is a {input.kind} model (use 'bertopt export' for it)")
     require("tensorflow", "tf", "the freeze stage")
-    from bertopt.tf.freeze import freeze
-
-    return freeze(input, config, out_dir, overwrite)
+    kind = input.model_format if isinstance(input, Artifact) else input.kind
+    return format_handler(NAME, kind)(input, config, out_dir, overwrite)

@@ -27,31 +27,28 @@ def weight_nodes(model) -> dict[str, str]:
 
     Inputs rescaled per token (``bertopt.stages.smoothing.per_token_scaling``) are traced back to the raw rows:
     the output error is multiplied back by each row's max, so the raw rows are what weigh it."""
+    from bertopt.stages.onnx_util import weight_matmuls
     from bertopt.stages.smoothing import ROW_NORMALIZE_SUFFIX
 
-    weights = {i.name for i in model.graph.initializer if len(i.dims) == 2}
     producers = {out: node for node in model.graph.node for out in node.output}
     found: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights \
-                or node.input[0] in weights:
-            continue
+    for node, weight in weight_matmuls(model):
         x = node.input[0]
         producer = producers.get(x)
         if producer is not None and producer.name.endswith(ROW_NORMALIZE_SUFFIX):
             x = producer.input[0]
-        found[node.input[1]] = x
+        found[weight] = x
     return found
 
 
-def input_hessians(model, feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def input_hessians(model, feeds_list: list[dict[str, np.ndarray]], threads: int | None = None) -> dict[str, np.ndarray]:
     """``X^T X`` (float64) of each weight's activation input over every token of every feed (one sentence a
     feed, so no padding rows), keyed by weight name."""
     from bertopt.stages.smoothing import probed_activations
 
     wanted = weight_nodes(model)
     sums: dict[str, np.ndarray] = {}
-    for name, value in probed_activations(model, list(dict.fromkeys(wanted.values())), feeds_list):
+    for name, value in probed_activations(model, list(dict.fromkeys(wanted.values())), feeds_list, threads):
         rows = np.asarray(value, dtype=np.float64).reshape(-1, value.shape[-1])
         sums[name] = sums.get(name, 0.0) + rows.T @ rows
     return {w: sums[x] for w, x in wanted.items()}

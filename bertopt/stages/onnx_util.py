@@ -30,6 +30,25 @@ def load_onnx(path: Path):
     return model
 
 
+def ensure_node_names(graph) -> None:
+    """Give every node a unique name (``{op_type}_{index}`` where one is missing or repeated): exclusion lists,
+    the accuracy search and the reports name nodes."""
+    seen = set()
+    for i, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+def weight_matmuls(model, op_types=("MatMul", "Attention")) -> list[tuple[Any, str]]:
+    """(node, weight initialiser name) of every node of ``op_types`` that multiplies an activation (first input)
+    by a 2-D initialiser (second input), in graph order: the MatMuls that carry a weight."""
+    weights = {i.name for i in model.graph.initializer if len(i.dims) == 2}
+    return [(node, node.input[1]) for node in model.graph.node
+            if node.op_type in op_types and len(node.input) >= 2 and node.input[1] in weights
+            and node.input[0] not in weights]
+
+
 def save_onnx(model, path: Path) -> None:
     import onnx
 

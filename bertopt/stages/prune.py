@@ -23,13 +23,11 @@ _MAX_FOLD_ELEMENTS = 1 << 22
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
-    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.common import format_handler, require_onnx_artifact
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format in ("tf-graphdef", "tf-savedmodel"):
-        from bertopt.tf.prune import prune_tf_artifact
-
-        return prune_tf_artifact(art, config, out_dir, overwrite)
+        return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
     return prune_onnx_artifact(art, config, out_dir, overwrite)
 
 

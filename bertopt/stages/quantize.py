@@ -1,7 +1,8 @@
 """quantize: fp16, dynamic int8, static int8 (calibrated, QDQ), optionally accuracy-aware.
 
-fp16 keeps LayerNorm, Softmax, reductions and the attention-mask path in fp32 (their ranges overflow fp16:
-the mask's additive constant is about -3.4e38) and keeps the model's inputs/outputs fp32.
+The stage declares the parameters and picks the quantiser: :mod:`bertopt.stages.fp16`,
+:mod:`bertopt.stages.quantize_int8` (ONNX Runtime) or :mod:`bertopt.stages.quantize_openvino`; each calls the
+accuracy search of :mod:`bertopt.stages.accuracy_aware` when an ``accuracy_target`` is given.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import THREADS, Param
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -81,6 +82,7 @@ PARAMS = [
           "in the float precision (weights-only int8).",
           check=lambda v: None if v >= 0 else "must be 0 (off) or a positive channel count"),
     _compile_param("inference_precision"),
+    THREADS,
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
@@ -88,94 +90,21 @@ PARAMS = [
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
-    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.common import format_handler, require_onnx_artifact
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format in ("tf-graphdef", "tf-savedmodel"):
         if config["mode"] != "fp16":
             raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
-        from bertopt.tf.fp16 import quantize_tf_fp16
-
-        return quantize_tf_fp16(art, config, out_dir, overwrite)
+        return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
     if config["runtime"] == "openvino":
         from bertopt.stages.quantize_openvino import quantize_int8_openvino
 
         return quantize_int8_openvino(art, config, out_dir, overwrite)
     if config["mode"] == "fp16":
+        from bertopt.stages.fp16 import quantize_fp16
+
         return quantize_fp16(art, config, out_dir, overwrite)
     from bertopt.stages.quantize_int8 import quantize_int8
 
     return quantize_int8(art, config, out_dir, overwrite)
-
-
-def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[str]:
-    """Names of nodes computed only from the attention mask (and constants): the additive mask with its
-    huge negative constant lives here and must stay fp32."""
-    inits = {i.name for i in graph.initializer}
-    derived = {m for m in mask_inputs}
-    other_inputs = {i.name for i in graph.input if i.name not in derived and i.name not in inits}
-    tainted = set(other_inputs)  # values that depend on a non-mask input
-    names = set()
-    for node in graph.node:
-        ins = [i for i in node.input if i]
-        if any(i in tainted for i in ins):
-            tainted.update(node.output)
-            continue
-        if any(i in derived for i in ins):
-            derived.update(node.output)
-            names.add(node.name)
-    return names
-
-
-def _ensure_node_names(graph) -> None:
-    seen = set()
-    for i, node in enumerate(graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{i}"
-        seen.add(node.name)
-
-
-def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
-    """fp16 weights and compute, fp32 inputs/outputs and fp32 islands; returns (model, fp32 node names)."""
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    _ensure_node_names(model.graph)
-    blocked_nodes = sorted(mask_path_nodes(model.graph) | set(keep_nodes))
-    wrapper = OnnxModel(model)
-    wrapper.convert_float_to_float16(keep_io_types=True, op_block_list=list(keep_fp32_ops),
-                                     node_block_list=blocked_nodes, use_symbolic_shape_infer=True)
-    wrapper.topological_sort()  # casts inserted around many blocked nodes can land before their producers
-    kept = sorted(n.name for n in model.graph.node if n.op_type in keep_fp32_ops) + blocked_nodes
-    return wrapper.model, sorted(set(kept))
-
-
-def quantize_fp16(art, config, out_dir: Path, overwrite: bool):
-    import numpy as np
-
-    from bertopt.artifact import ArtifactWriter
-    from bertopt.data import corpus
-    from bertopt.errors import require
-    from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
-
-    require("onnxruntime", "onnx", "fp16 conversion")
-    if config["accuracy_target"]:
-        from bertopt.stages.accuracy_aware import search_fp16_islands
-
-        return search_fp16_islands(art, config, out_dir, overwrite)
-    model = load_onnx(art.model_path)
-    before = graph_stats(model)
-    model, kept = fp16_convert(model, config["keep_fp32_ops"], config["exclude_nodes"])
-    with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
-        w.copy_tokenizer(art)
-        save_onnx(model, w.dir / "model.onnx")
-        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
-        stats = check_against(w, art, corpus())
-        bad = {k: v["nan_or_inf"] for k, v in stats.items() if v["nan_or_inf"]}
-        w.report.update({"before": before, "after": graph_stats(model), "kept_fp32_nodes": kept,
-                         "accuracy_vs_parent": stats})
-        if bad:
-            raise UserError(f"fp16 model produced NaN/Inf on the built-in corpus ({bad}); keep more operators "
-                            "in fp32 with --keep-fp32-ops")
-        assert all(np.isfinite(v["max_abs"]) for v in stats.values())
-    return w.artifact

@@ -4,6 +4,9 @@ and static (QDQ, activation ranges calibrated on text with MinMax, Entropy or Pe
 Static calibration feeds one sentence at a time, so padding never widens an activation range (a padded batch
 puts [PAD] positions - values the model never uses - into every histogram). The ranges are computed once and
 cached in a JSON file, so the accuracy-aware search re-quantises without re-calibrating.
+
+With ``accuracy_target`` (:func:`search_int8_fallback`) the search of :mod:`bertopt.stages.accuracy_aware` keeps
+the most sensitive operators fp32 until the target holds.
 """
 
 from __future__ import annotations
@@ -82,68 +85,17 @@ class TextCalibrationReader:
         self._it = iter(self.batches)
 
 
-def load_calibration_texts(config) -> list[str]:
-    from bertopt.data import calibration_texts
-
-    if config["calibration_data"]:
-        from bertopt.validate.data import load_texts
-
-        texts = load_texts(config["calibration_data"]).texts
-    else:
-        texts = calibration_texts()
-    texts = [t for t in texts if t.strip()][: config["calibration_size"]]
-    if not texts:
-        raise UserError("calibration data is empty; give a text file with one sentence a line")
-    return texts
-
-
-def sentence_feeds(art, texts: list[str]) -> list[dict]:
-    """Model feeds of ``texts``, one sentence each (no padding, so [PAD] positions never enter a statistic):
-    what smoothing maxima and GPTQ's input correlations are measured on."""
-    from bertopt.runtime import Predictor
-
-    predictor = Predictor(art, provider="cpu", verify=False)
-    return [predictor.feeds_for(predictor.tokenize([t]))[0] for t in texts]
-
-
-def calibration_statistics(art, model, config):
-    """What the outlier transforms and GPTQ need from the calibration text, measured once: returns
-    (model after the configured outlier transforms, fp32 nodes they added, their report section or None,
-    GPTQ's ``X^T X`` per weight of the transformed model or None for round-to-nearest)."""
-    from bertopt.stages.smoothing import outlier_transforms_wanted, prepare_for_int8
-
-    transforms = outlier_transforms_wanted(config)
-    gptq = config.get("weight_rounding", "nearest") == "gptq"
-    if config["per_token"] and config["mode"] != "int8-dynamic":
-        raise UserError("--per-token applies to --mode int8-dynamic only; drop it for static int8")
-    if gptq and config["mode"] != "int8-dynamic":
-        raise UserError("--weight-rounding gptq applies to --mode int8-dynamic; drop it for static int8")
-    if not (transforms or gptq):
-        return model, [], None, None
-    feeds = sentence_feeds(art, load_calibration_texts(config))
-    fp32_added, outliers = [], None
-    if transforms:
-        model, fp32_added, outliers = prepare_for_int8(model, config, feeds)
-    hessians = None
-    if gptq:
-        from bertopt.stages.gptq import input_hessians
-
-        hessians = input_hessians(model, feeds)
-    return model, fp32_added, outliers, hessians
-
-
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.runtime import Predictor
+    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
     from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
 
     require("onnxruntime", "onnx", "int8 quantisation")
     if config["accuracy_target"]:
-        from bertopt.stages.accuracy_aware import search_int8_fallback
-
         return search_int8_fallback(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)
     before = graph_stats(model)
@@ -153,7 +105,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     op_types = list(config["op_types"])
     if config["mode"] == "int8-static":
         calib = load_calibration_texts(config)
-        predictor = Predictor(art, provider="cpu", verify=False)
+        predictor = Predictor(art, provider="cpu", threads=config.get("threads"), verify=False)
         op_types = [t for t in op_types if t != "Attention"]
     candidates = [n for n, _ in quantizable_nodes(model, op_types, weights_only=config["mode"] != "int8-static")
                   if n not in fp32_added]
@@ -174,7 +126,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
                 gptq_report = apply_gptq(model, w.dir / "model.onnx", hessians)
         q = load_onnx(w.dir / "model.onnx")
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
-        stats = check_against(w, art, corpus())
+        stats = check_against(w, art, corpus(), threads=config.get("threads"))
         excluded = [n for n in config["exclude_nodes"] if n in candidates]
         w.report.update({"before": before, "after": graph_stats(q),
                          "quantized_nodes": len(candidates) - len(excluded),
@@ -187,4 +139,70 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         if config["mode"] == "int8-static":
             w.report["calibration"] = {"method": config["calibration_method"], "texts": len(calib),
                                        "source": config["calibration_data"] or "builtin calibration text"}
+    return w.artifact
+
+
+def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
+    """int8 (dynamic or static) with the most sensitive operators kept fp32 until ``accuracy_target`` holds."""
+    from bertopt.artifact import ArtifactWriter
+    from bertopt.data import corpus
+    from bertopt.runtime import Predictor
+    from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
+    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
+    from bertopt.stages.common import check_against
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
+
+    targets = accuracy_targets(config, art)
+    texts = load_calibration_texts(config)
+    model = load_onnx(art.model_path)
+    before = graph_stats(model)
+    op_types = list(config["op_types"])
+    static = config["mode"] == "int8-static"
+    if static:
+        op_types = [t for t in op_types if t != "Attention"]  # fused Attention has no QDQ kernel
+    user_excluded = list(config["exclude_nodes"])
+    ensure_node_names(model.graph)  # exclusion works by node name
+    # measured once: every candidate model of the search shares the transforms and GPTQ's statistics
+    model, fp32_added, outliers, hessians = calibration_statistics(art, model, config)
+    candidates = [(n, op) for n, op in quantizable_nodes(model, op_types, weights_only=not static)
+                  if n not in user_excluded and n not in fp32_added]
+    if not candidates:
+        raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
+                        "check --op-types")
+    predictor = Predictor(art, provider="cpu", threads=config.get("threads"), verify=False) if static else None
+    with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        w.copy_tokenizer(art)
+        with tempfile.TemporaryDirectory(prefix="bertopt-aaq-") as tmp:
+            tmp = Path(tmp)
+            src = tmp / "in.onnx"
+            save_onnx(model, src)
+            cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate
+
+            gptq_reports: dict[str, dict] = {}
+            gptq_cache: dict = {}
+
+            def build(kept: list[str], path: Path) -> None:
+                quantize_model_file(src, path, config, user_excluded + fp32_added + kept, texts, predictor,
+                                    calibration_cache=cache)
+                if hessians is not None:
+                    from bertopt.stages.gptq import apply_gptq
+
+                    gptq_reports[str(path)] = apply_gptq(model, path, hessians, gptq_cache)
+
+            result, report = search(art, config, targets, texts, candidates, build, tmp,
+                                    costs=node_costs(model, [n for n, _ in candidates]))
+            (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
+            chosen_gptq = gptq_reports.get(str(result["model"]))
+        q = load_onnx(w.dir / "model.onnx")
+        w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
+        stats = check_against(w, art, corpus(), threads=config.get("threads"))
+        w.report.update({"before": before, "after": graph_stats(q),
+                         "quantized_nodes": len(candidates) - len(result["kept"]),
+                         "kept_fp32_nodes": user_excluded + result["kept"],
+                         "accuracy_search": report,
+                         "accuracy_vs_parent": stats})
+        if outliers is not None:
+            w.report["outliers"] = outliers
+        if hessians is not None:
+            w.report["gptq"] = chosen_gptq
     return w.artifact

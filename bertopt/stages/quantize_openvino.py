@@ -162,16 +162,15 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.compile import _precision_label
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
-    from bertopt.stages.quantize import _ensure_node_names
-    from bertopt.stages.quantize_int8 import calibration_statistics, load_calibration_texts
+    from bertopt.stages.compile import precision_label
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
     model = load_onnx(art.model_path)
     check_config(art, model, config)
-    _ensure_node_names(model.graph)  # exclusion and the search work by node name
+    ensure_node_names(model.graph)  # exclusion and the search work by node name
     before = graph_stats(model)
     user_excluded = set(config["exclude_nodes"])
     op_types = list(config["op_types"])
@@ -183,23 +182,17 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     model, _, _, hessians = calibration_statistics(art, model, config)
     texts = load_calibration_texts(config) if config["accuracy_target"] else None
     options = runtime_options(config)
-    precision = _precision_label("int8-dynamic", config["inference_precision"])
+    precision = precision_label("int8-dynamic", config["inference_precision"])
     cache: dict = {}
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         w.runtime = "openvino"
         w.extra["runtime_options"] = options
-        search = None
+        search_report = None
         if config["accuracy_target"]:
-            from bertopt.stages.accuracy_aware import (
-                _Evaluator,
-                _search_report,
-                _targets,
-                greedy_fallback,
-                node_costs,
-            )
+            from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
 
-            targets = _targets(config, art)
+            targets = accuracy_targets(config, art)
             rows_by_path: dict[str, list] = {}
 
             def build(kept: list[str], path: Path) -> None:
@@ -208,20 +201,19 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
                 rows_by_path[str(path)] = rows
                 save_onnx(compressed, path)
 
-            evaluator = _Evaluator(art, texts, runtime="openvino", runtime_options=options)
             with tempfile.TemporaryDirectory(prefix="bertopt-aaov-") as tmp:
-                result = greedy_fallback(candidates, build, evaluator, targets, config["accuracy_group"], Path(tmp),
-                                         costs=node_costs(model, [n for n, _ in candidates]))
+                result, search_report = search(art, config, targets, texts, candidates, build, Path(tmp),
+                                        costs=node_costs(model, [n for n, _ in candidates]),
+                                        runtime="openvino", runtime_options=options)
                 (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
                 gptq_rows = rows_by_path[str(result["model"])]
             kept = result["kept"]
-            search = _search_report(config, targets, texts, result, evaluator)
         else:
             compressed, gptq_rows, _ = compress_weights(model, op_types, user_excluded, hessians, cache)
             save_onnx(compressed, w.dir / "model.onnx")
             kept = []
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
-        stats = check_against(w, art, corpus())
+        stats = check_against(w, art, corpus(), threads=config.get("threads"))
         q = load_onnx(w.dir / "model.onnx")
         w.report.update({"before": before, "after": graph_stats(q), "runtime": "openvino",
                          "quantized_nodes": len(candidates) - len(kept),
@@ -231,8 +223,8 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
                                         if options["dynamic_quantization_group_size"] else
                                         f"{config['inference_precision']} (weights-only int8)",
                          "accuracy_vs_parent": stats})
-        if search is not None:
-            w.report["accuracy_search"] = search
+        if search_report is not None:
+            w.report["accuracy_search"] = search_report
         if hessians is not None:
             from bertopt.stages.gptq import report_section
 

@@ -51,8 +51,9 @@ def _near_gelu(start: str, step, limit: int = 4) -> bool:
 def node_roles(model) -> dict[str, str]:
     """Role of each weight MatMul / fused Attention: ``attention`` (fused QKV), ``ffn-in`` (feeds the GELU),
     ``ffn-out`` (fed by the GELU: the down-projection) or ``other`` (unfused QKV projections, attention output)."""
+    from bertopt.stages.onnx_util import weight_matmuls
+
     graph = model.graph
-    weights = {i.name for i in graph.initializer if len(i.dims) == 2}
     producers = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, list] = {}
     for node in graph.node:
@@ -67,10 +68,7 @@ def node_roles(model) -> dict[str, str]:
         return [(node, list(node.output)) for node in consumers.get(name, [])]
 
     roles = {}
-    for node in graph.node:
-        if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights \
-                or node.input[0] in weights:
-            continue
+    for node, _ in weight_matmuls(model):
         if node.op_type == "Attention":
             roles[node.name] = "attention"
         elif _near_gelu(node.input[0], up, 1) or (producers.get(node.input[0]) is not None
@@ -84,15 +82,12 @@ def node_roles(model) -> dict[str, str]:
     return roles
 
 
-def nodes_with_roles(model, roles) -> list[str]:
-    return [name for name, role in node_roles(model).items() if role in roles]
-
-
-def probe_session(model, tensors: list[str]):
-    """An ONNX Runtime session of a copy of ``model`` that also outputs the intermediate ``tensors`` (calibration
+def probe_session(model, tensors: list[str], threads: int | None = None):
+    """A runtime session of a copy of ``model`` that also outputs the intermediate ``tensors`` (calibration
     statistics: activation maxima, GPTQ's input correlations)."""
     import onnx
-    import onnxruntime as ort
+
+    from bertopt.runtime.backends import open_model
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -100,31 +95,28 @@ def probe_session(model, tensors: list[str]):
     for name in tensors:
         if name not in existing:
             probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+    return open_model(probe, provider="cpu", threads=threads)
 
 
-def probed_activations(model, tensors: list[str], feeds_list: list[dict[str, np.ndarray]]):
+def probed_activations(model, tensors: list[str], feeds_list: list[dict[str, np.ndarray]],
+                       threads: int | None = None):
     """(tensor name, value) of each intermediate tensor in ``tensors``, for every feed in turn."""
     if not tensors:
         return
-    session = probe_session(model, tensors)
+    session = probe_session(model, tensors, threads)
     for feeds in feeds_list:
         yield from zip(tensors, session.run(tensors, feeds))
 
 
 def channel_absmax(model, feeds_list: list[dict[str, np.ndarray]], node_names: list[str],
-                   skip_first_token: bool = False) -> dict[str, np.ndarray]:
+                   skip_first_token: bool = False, threads: int | None = None) -> dict[str, np.ndarray]:
     """Per input channel max |X| of each named node's activation input over every feed (one sentence each);
     with ``skip_first_token`` position 0 ([CLS]) is left out."""
     graph = model.graph
     nodes = {n.name: n for n in graph.node}
     tensors = list(dict.fromkeys(nodes[n].input[0] for n in node_names))
     maxima: dict[str, np.ndarray] = {}
-    for name, value in probed_activations(model, tensors, feeds_list):
+    for name, value in probed_activations(model, tensors, feeds_list, threads):
         value = np.abs(np.asarray(value, dtype=np.float32))
         rows = value.reshape(value.shape[0], -1, value.shape[-1]) if value.ndim == 3 else value[None]
         if skip_first_token and rows.shape[1] > 1:
@@ -262,6 +254,7 @@ def prepare_for_int8(model, config, feeds: list[dict[str, np.ndarray]]):
 
     from bertopt.errors import UserError
 
+    threads = config.get("threads")
     out = onnx.ModelProto()
     out.CopyFrom(model)
     roles = node_roles(model)
@@ -276,8 +269,9 @@ def prepare_for_int8(model, config, feeds: list[dict[str, np.ndarray]]):
         if not names:
             raise UserError(f"no operator has a role in {config['smooth_roles']} to smooth; use --smooth-roles with "
                             f"some of {', '.join(ROLES)}")
-        whole = channel_absmax(model, feeds, [n for n in names if n not in split])
-        rest = channel_absmax(model, feeds, [n for n in names if n in split], skip_first_token=True)
+        whole = channel_absmax(model, feeds, [n for n in names if n not in split], threads=threads)
+        rest = channel_absmax(model, feeds, [n for n in names if n in split], skip_first_token=True,
+                              threads=threads)
         rows = smooth_model(out, {**whole, **rest}, config["smooth_alpha"])
         report["smoothing"] = {"alpha": config["smooth_alpha"], "roles": list(config["smooth_roles"]),
                                "calibration_texts": len(feeds), "smoothed": rows}
@@ -288,7 +282,7 @@ def prepare_for_int8(model, config, feeds: list[dict[str, np.ndarray]]):
         names = {n for n, r in roles.items() if r != "attention"}
         per_token_scaling(out, names)
         report["per_token"] = sorted(names)
-    report["fp32_max_change"] = _fp32_change(model, out, feeds[:16])
+    report["fp32_max_change"] = _fp32_change(model, out, feeds[:16], threads)
     change = report["fp32_max_change"]
     if not change <= 1e-3:
         raise UserError(f"the outlier transforms changed the fp32 model's outputs by {change:.3g}; lower "
@@ -296,18 +290,15 @@ def prepare_for_int8(model, config, feeds: list[dict[str, np.ndarray]]):
     return out, fp32_nodes, report
 
 
-def _fp32_change(before, after, feeds) -> float:
+def _fp32_change(before, after, feeds, threads: int | None = None) -> float:
     """Largest difference of any output between two fp32 graphs on ``feeds``, absolute for outputs within +-1
     (embeddings) and relative to the output's largest magnitude otherwise (hidden states reach 10-50)."""
-    import onnxruntime as ort
+    from bertopt.runtime.backends import open_model
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    sessions = [ort.InferenceSession(m.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
-                for m in (before, after)]
+    sessions = [open_model(m, provider="cpu", threads=threads) for m in (before, after)]
     worst = 0.0
     for f in feeds:
-        a, b = (s.run(None, f) for s in sessions)
+        a, b = (s.run(s.output_names, f) for s in sessions)
         worst = max([worst] + [float(np.abs(x - y).max()) / max(1.0, float(np.abs(x).max()))
                                 for x, y in zip(a, b)])
     return worst

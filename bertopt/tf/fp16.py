@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from bertopt.errors import UserError
-from bertopt.tf.graph import GRAPH_FILE, check_frozen, graph_stats, load_graph_def, node_output_dtypes, save_graph_def
+from bertopt.runtime.tf_session import check_frozen, load_graph_def
+from bertopt.tf.graph import GRAPH_FILE, graph_stats, node_output_dtypes, save_graph_def
 
 _FLOAT, _HALF = tf.float32.as_datatype_enum, tf.float16.as_datatype_enum
 # ONNX operator names (the quantize stage's shared default list) -> TensorFlow op types

@@ -16,7 +16,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from bertopt.errors import UserError
-from bertopt.tf.graph import GRAPH_FILE, check_frozen, graph_stats, rename_nodes, save_graph_def
+from bertopt.runtime.tf_session import check_frozen
+from bertopt.tf.graph import GRAPH_FILE, graph_stats, rename_nodes, save_graph_def
 
 NAME = "freeze"
 
@@ -116,16 +117,16 @@ def _max_abs_diff_vs_source(writer, model) -> float:
     from bertopt.data import corpus
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import SourceModel
-    from bertopt.stages.common import staged, worst_abs_diff
-    from bertopt.tf.graph import TFSession, signature_call
+    from bertopt.stages.common import worst_abs_diff
     from bertopt.validate.compare import compare_runs
 
     texts = corpus()[:48]
-    frozen_pred = Predictor(staged(writer), provider="cpu")
+    frozen_pred = Predictor(writer.staged(), provider="cpu")
     spec = SourceModel(writer.dir, writer.dir / "tokenizer", model.inputs, model.outputs, writer.model_info,
                        label=model.description)
-    session = TFSession(signature_call(model.function), model.inputs, [o["name"] for o in model.outputs])
-    source_pred = Predictor(spec, session=session, max_seq_len=frozen_pred.max_seq_len)
+    spec.runtime = spec.model_format = "tensorflow"
+    spec.function, spec.keep_alive = model.function, model.keep_alive
+    source_pred = Predictor(spec, max_seq_len=frozen_pred.max_seq_len)
     names = frozen_pred.output_names
     kinds = {o["name"]: o["kind"] for o in model.outputs}
     return worst_abs_diff(compare_runs(frozen_pred.run(texts, outputs=names), source_pred.run(texts, outputs=names),

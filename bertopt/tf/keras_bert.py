@@ -241,11 +241,11 @@ def _max_abs_diff_vs_pytorch(writer, hf_path: Path, pooling: str | None) -> floa
     from bertopt.data import corpus
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import hf_reference
-    from bertopt.stages.common import staged, worst_abs_diff
+    from bertopt.stages.common import worst_abs_diff
     from bertopt.validate.compare import compare_runs
 
     texts = corpus()[:48]
-    tf_pred = Predictor(staged(writer), provider="cpu")
+    tf_pred = Predictor(writer.staged(), provider="cpu")
     torch_pred = hf_reference(hf_path, pooling=pooling or "none", max_seq_len=tf_pred.max_seq_len)
     names = tf_pred.output_names
     kinds = {o["name"]: o["kind"] for o in writer._model["outputs"]}

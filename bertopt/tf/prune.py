@@ -10,7 +10,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from bertopt.errors import UserError
-from bertopt.tf.graph import GRAPH_FILE, check_frozen, graph_stats, load_graph_def, save_graph_def, tensor_node
+from bertopt.runtime.tf_session import check_frozen, load_graph_def
+from bertopt.tf.graph import GRAPH_FILE, graph_stats, save_graph_def, tensor_node
 
 # forward their first input unchanged: consumers are rewired to that input
 _PASS_THROUGH = {"Identity", "Snapshot", "StopGradient", "PreventGradient", "CheckNumerics",

@@ -10,7 +10,6 @@ def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size
     require("tensorflow", "tf", "running the TensorFlow reference model")
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import SourceModel
-    from bertopt.tf.graph import TFSession, signature_call
     from bertopt.tf.sources import open_tf_model
 
     pooling = next((o.get("pooling") for o in artifact.outputs if o.get("kind") == "embedding" and o.get("pooling")),
@@ -30,7 +29,6 @@ def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size
     spec = SourceModel(source.path, artifact.tokenizer_path, model.inputs, outputs, info,
                        label=f"tensorflow:{source.path}")
     spec.runtime = spec.model_format = "tensorflow"
-    session = TFSession(signature_call(model.function), model.inputs, [o["name"] for o in outputs], threads=threads)
-    session.keep_alive = model.keep_alive
-    return Predictor(spec, session=session, max_seq_len=max_seq_len, batch_size=batch_size,
+    spec.function, spec.keep_alive = model.function, model.keep_alive  # run by the tensorflow runtime backend
+    return Predictor(spec, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
                      length_bucketing=length_bucketing)

@@ -17,7 +17,8 @@ from typing import Any
 import tensorflow as tf
 
 from bertopt.errors import UserError
-from bertopt.tf.graph import _ROLE_BY_NAME, describe_signature, output_spec, signature_of
+from bertopt.runtime.tf_session import signature_of
+from bertopt.tf.graph import ROLE_BY_NAME, describe_signature, output_spec
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _open_keras(path: Path) -> TFModel:
         raise UserError(f"Keras cannot load {path}: {str(exc).splitlines()[0]}") from None
     names = [t.name for t in model.inputs]
     for n in names:
-        if n not in _ROLE_BY_NAME:
+        if n not in ROLE_BY_NAME:
             raise UserError(f"{path}: Keras input '{n}' is not a BERT input (name the inputs input_ids, "
                             "attention_mask/input_mask, token_type_ids/segment_ids)")
     dtypes = {t.name: tf.as_dtype(t.dtype) for t in model.inputs}
@@ -107,7 +108,7 @@ def _open_keras(path: Path) -> TFModel:
         return dict(zip(labels, outs))
 
     concrete = serve.get_concrete_function()
-    inputs = [{"name": n, "role": _ROLE_BY_NAME[n], "dtype": dtypes[n].name, "shape": ["batch", "sequence"]}
+    inputs = [{"name": n, "role": ROLE_BY_NAME[n], "dtype": dtypes[n].name, "shape": ["batch", "sequence"]}
               for n in names]
     outputs = [output_spec(k, v.shape, v.dtype, str(path)) for k, v in sorted(concrete.structured_outputs.items())]
     info = infer_model_info(path.parent, outputs)

@@ -139,9 +139,9 @@ def export_graphdef_to_onnx(art, config, out_dir: Path, overwrite: bool):
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.runtime.tf_session import check_frozen, load_graph_def
     from bertopt.stages.common import check_against, worst_abs_diff
     from bertopt.stages.onnx_util import graph_stats, save_onnx
-    from bertopt.tf.graph import check_frozen, load_graph_def
     from bertopt.tf.graph import graph_stats as tf_graph_stats
 
     source = None

@@ -9,8 +9,6 @@ from typing import Any, Optional
 
 import typer
 
-_OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
-
 _HELP_TEXT = """Gate an artifact for release: accuracy and latency against its reference, thresholds, CI reports.
 
 The reference is the original model recorded in the artifact's lineage, run in its own framework (PyTorch for
@@ -29,10 +27,11 @@ HELP = "\n\n".join(" ".join(par.split("\n")) for par in _HELP_TEXT.split("\n\n")
 
 
 def _validate_command():
+    from bertopt.params import typer_parameters
     from bertopt.validate.params import VALIDATE_PARAMS
 
     def command(**kwargs: Any) -> None:
-        from bertopt.cli import console
+        from bertopt.reporting import console
         from bertopt.validate.gate import validate_artifact
 
         given = {k: v for k, v in kwargs.items() if k not in ("artifact", "report_dir") and v is not None}
@@ -48,19 +47,7 @@ def _validate_command():
                                                "(default: ARTIFACT-validation next to the artifact); a previous "
                                                "report there is replaced.", show_default=False)),
     ]
-    for p in VALIDATE_PARAMS:
-        help_text = p.help + (f" Choices: {', '.join(p.choices)}." if p.choices else "")
-        if p.type is bool:
-            option = typer.Option(None, f"{p.cli_flag}/--no-{p.cli_flag[2:]}", help=help_text +
-                                  f" (default: {'on' if p.default else 'off'})", show_default=False)
-            ann = Optional[bool]
-        else:
-            default = ",".join(p.default) if isinstance(p.default, list) else p.default
-            option = typer.Option(None, p.cli_flag, help=help_text + (f" (default: {default})" if default is not None
-                                                                       else ""), show_default=False)
-            ann = _OPTION_TYPES[p.type]
-        params.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=option))
-    command.__signature__ = inspect.Signature(params)
+    command.__signature__ = inspect.Signature(params + typer_parameters(VALIDATE_PARAMS))
     command.__name__ = "validate"
     command.__doc__ = HELP
     return command

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 
-def _flatten(values) -> np.ndarray:
+def flatten_outputs(values) -> np.ndarray:
     if isinstance(values, list):
         if not values:
             return np.zeros((0, 1))
@@ -50,8 +50,8 @@ def neighbour_agreement(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
 
 def compare_output(name: str, kind: str, got, ref, atol: float = 1e-3, rtol: float = 1e-3,
                    quantile: float = 0.99) -> dict[str, Any]:
-    g = _flatten(got).astype(np.float64)
-    r = _flatten(ref).astype(np.float64)
+    g = flatten_outputs(got).astype(np.float64)
+    r = flatten_outputs(ref).astype(np.float64)
     if g.shape != r.shape:
         return {"name": name, "error": f"shape mismatch {g.shape} vs {r.shape}"}
     err = np.abs(g - r)

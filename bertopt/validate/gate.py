@@ -9,11 +9,10 @@ model cannot run) are ``UserError`` (exit 2) raised before anything is run or wr
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -138,14 +137,25 @@ def _prepare_report_dir(report_dir: Path) -> None:
                             "choose another --report-dir")
 
 
-def _spark_check(artifact, data, config):
-    if importlib.util.find_spec("bertopt.spark") is None or importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
-    from bertopt.spark.validate import spark_check
+# checks run by another part (Spark registers "spark": the UDF against the in-process runtime), so validate/
+# never imports that part
+_RUNNER_CHECKS: dict[str, Callable] = {}
 
-    return spark_check(artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
-                       pairs=data.pairs)
+
+def register_runner_check(name: str):
+    def deco(check):
+        _RUNNER_CHECKS[name] = check
+        return check
+
+    return deco
+
+
+def _spark_check(artifact, data, config):
+    from bertopt.extensions import load_extensions
+
+    load_extensions()
+    return _RUNNER_CHECKS["spark"](artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
+                                   pairs=data.pairs)
 
 
 def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
@@ -174,9 +184,6 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
     check_target_metrics(targets, outputs, primary, config, grid)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
     data = data.head(config["max_texts"])
-    if config["spark"] and importlib.util.find_spec("bertopt.spark.validate") is None:
-        raise UserError("--spark needs bertopt's Spark validation (bertopt.spark.validate), which this installation "
-                        "does not have yet; run the gate without --spark")
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     labels = None
     if config["label_column"]:
@@ -194,7 +201,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                 live.update(f"[bold]validate[/] {text}")
 
         from bertopt.runtime import Predictor
-        from bertopt.validate.compare import _flatten, compare_runs, cosine_rows
+        from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
         from bertopt.validate.reference import reference_predictor
 
         art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
@@ -217,7 +224,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                                 quantile=config["error_quantile"])
         distributions = {}
         for name in names:
-            g, r = _flatten(got[name]).astype(np.float64), _flatten(want[name]).astype(np.float64)
+            g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
             err = np.abs(g - r).ravel()
             if err.size > 200_000:
                 err = np.random.default_rng(0).choice(err, 200_000, replace=False)

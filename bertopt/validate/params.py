@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertopt.params import Param
+from bertopt.params import BATCH_SIZE, PROVIDER, THREADS, Param
 
 
 def _targets_ok(value: str) -> str | None:
@@ -42,8 +42,8 @@ VALIDATE_PARAMS = [
     Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded)."),
     Param("warmup", int, 2, "Latency: warm-up runs per grid point."),
     Param("repeats", int, 10, "Latency: timed runs per grid point.", check=_positive),
-    Param("threads", int, None, "Threads for artifact and reference (default: all available cores)."),
-    Param("provider", str, "auto", "Execution provider for the artifact.", choices=("auto", "cpu", "cuda", "tensorrt")),
+    THREADS,
+    PROVIDER,
     Param("atol", float, 1e-3, "Elementwise absolute tolerance for pass_fraction."),
     Param("rtol", float, 1e-3, "Elementwise relative tolerance for pass_fraction."),
     Param("max_texts", int, None, "Use at most this many texts of the data.", check=_positive),
@@ -52,6 +52,5 @@ VALIDATE_PARAMS = [
     Param("latency", bool, True, "Measure the latency grid (off: accuracy only)."),
     Param("error_quantile", float, 0.99, "Quantile of the elementwise absolute error reported as abs_err_pNN.",
           check=_quantile),
-    Param("batch_size", int, 32, "Batch size of the accuracy runs (length-bucketed) and the Spark check.",
-          check=_positive),
+    BATCH_SIZE,
 ]

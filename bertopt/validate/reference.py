@@ -6,8 +6,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from bertopt.errors import UserError
+
+# source kind -> builder of its reference Predictor, for kinds another part runs (bertopt.tf registers the
+# TensorFlow ones), so validate/ never imports that part
+_REFERENCES: dict[str, Callable] = {}
+
+
+def register_reference(*kinds: str):
+    def deco(builder):
+        for kind in kinds:
+            _REFERENCES[kind] = builder
+        return builder
+
+    return deco
 
 
 def reference_predictor(artifact, reference: str | os.PathLike | None = None, *, threads: int | None = None,
@@ -37,27 +51,22 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
 
         return hf_reference(source.path, threads=threads, bf16=bf16, max_seq_len=max_seq_len, batch_size=batch_size,
                             pooling=pooling, length_bucketing=length_bucketing)
-    if source.kind in ("tf-savedmodel", "keras", "tf-checkpoint"):
-        from bertopt.tf.reference import tf_reference
+    from bertopt.extensions import load_extensions
 
-        return tf_reference(source, artifact, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
-                            length_bucketing=length_bucketing)
+    load_extensions()
+    if source.kind in _REFERENCES:
+        return _REFERENCES[source.kind](source, artifact, threads=threads, max_seq_len=max_seq_len,
+                                        batch_size=batch_size, length_bucketing=length_bucketing)
     if source.kind == "onnx":
         from bertopt.runtime import Predictor
         from bertopt.sources.hf import SourceModel
 
         spec = SourceModel(source.path, artifact.tokenizer_path, artifact.inputs, artifact.outputs,
                            artifact.model_info, label=f"onnx:{source.path}")
-        spec.model_file = source.path
+        spec.model_path = source.path
         spec.runtime = "onnxruntime"
         spec.model_format = "onnx"
-        from bertopt.runtime.backends import OrtSession
-
-        class _View:
-            model_path = source.path
-
-        session = OrtSession(_View(), provider="cpu", threads=threads)
-        return Predictor(spec, session=session, batch_size=batch_size, max_seq_len=max_seq_len,
+        return Predictor(spec, provider="cpu", threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
                          length_bucketing=length_bucketing)
     raise UserError(f"cannot run a {source.kind} reference")
 

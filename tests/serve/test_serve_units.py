@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from bertopt.serve.protocol import LANE_BULK, ProtocolError, parse_request
+from bertopt.protocol import LANE_BULK, ProtocolError, parse_request
 from bertopt.serve.sink import Assembler
 from bertopt.serve.ventilator import FairQueue, MiniJob
 

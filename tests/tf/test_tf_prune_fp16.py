@@ -9,7 +9,7 @@ pytestmark = pytest.mark.tf
 
 
 def test_prune_strips_and_folds(tiny_pruned, tiny_frozen):
-    from bertopt.tf.graph import load_graph_def
+    from bertopt.runtime.tf_session import load_graph_def
 
     rep = tiny_pruned.lineage["report"]
     steps = rep["steps"]
@@ -39,7 +39,7 @@ def test_prune_keeps_only_the_chosen_output(tiny_frozen, tiny_pruned, tmp_path):
 
 
 def test_fp16_keeps_islands_and_has_no_nan(tiny_tf_fp16, tiny_pruned):
-    from bertopt.tf.graph import load_graph_def
+    from bertopt.runtime.tf_session import load_graph_def
 
     art = tiny_tf_fp16
     assert art.precision == "fp16"
@@ -70,8 +70,8 @@ def test_naive_fp16_gives_nan_that_islands_prevent(tiny_pruned, tmp_path):
     """Everything-to-half (bert-as-service's way) turns the additive mask into NaN; bertopt's islands do not."""
     from bertopt.data import corpus
     from bertopt.runtime import Predictor
+    from bertopt.runtime.tf_session import graph_def_function, load_graph_def
     from bertopt.tf.fp16 import convert_graph_to_fp16
-    from bertopt.tf.graph import graph_def_function, load_graph_def
 
     gd = load_graph_def(tiny_pruned.model_path)
     pred = Predictor(tiny_pruned)
@@ -100,7 +100,7 @@ def test_fp16_rejects_unknown_exclude_node(tiny_pruned, tmp_path, cli):
 
 def test_fp16_exclude_node_is_kept_fp32(tiny_pruned, tmp_path):
     from bertopt.registry import run_stage
-    from bertopt.tf.graph import load_graph_def
+    from bertopt.runtime.tf_session import load_graph_def
 
     matmul = next(n.name for n in load_graph_def(tiny_pruned.model_path).node if n.op == "MatMul")
     art = run_stage("quantize", tiny_pruned, {"mode": "fp16", "exclude_nodes": [matmul]}, tmp_path / "q")

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.tf
 
 
 def _no_variables(art):
-    from bertopt.tf.graph import load_graph_def
+    from bertopt.runtime.tf_session import load_graph_def
 
     ops = {n.op for n in load_graph_def(art.model_path).node}
     assert not ops & {"VarHandleOp", "ReadVariableOp", "VariableV2"}
