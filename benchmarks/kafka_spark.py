@@ -79,7 +79,8 @@ def run_bridge(artifact, bootstrap: str, req_topic: str, n: int, backend_args: l
 
     tag = uuid.uuid4().hex[:8]
     resp_topic = f"bench-resp-{name}-{tag}"
-    for fut in AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(resp_topic, 1, 1)]).values():
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
+    for fut in admin.create_topics([NewTopic(resp_topic, 1, 1)]).values():
         fut.result(15)
     log_path = work / f"bridge-{name}.log"
     cmd = [sys.executable, "-m", "bertopt.cli", "kafka", str(artifact.path), "--bootstrap", bootstrap,
