@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import statistics
 import time
@@ -196,11 +195,11 @@ def main() -> None:
               "search": {k: search[k] for k in ("target", "measured_on", "evaluations", "search_s", "steps",
                                                 "kept_fp32")},
               "sensitivity": search["sensitivity"]}
-    from bertopt.validate.reports import machine_info, package_versions
+    from bertopt.records import machine_info, write_json
+    from bertopt.validate.reports import package_versions
 
     result["machine"], result["versions"] = machine_info(), package_versions()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
 
 

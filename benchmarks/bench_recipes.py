@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     from rich.console import Console
 
     from bertopt import bench
+    from bertopt.records import machine_info, write_json
 
     console = Console(width=200)
     say = progress_printer()
@@ -52,15 +53,15 @@ def main(argv=None) -> int:
     reference = bench.reference_contender(contenders[0].predictor.artifact, threads=args.threads,
                                     batch_size=args.batch_size)
     contenders.insert(0, reference)
-    machine = bench.machine_info()
+    machine = machine_info()
     say(f"load average before: {machine.get('load_average')}")
     results = bench.measure(contenders, settings, reference=reference, progress=say)
     bench.add_ratios(results, reference.name, "pt-fp32")
     title = f"default recipes vs PyTorch fp32 ({args.model})"
     console.print(bench.results_table(results, settings, title, ["pt-fp32"]))
     path = output_path(args, "bench_recipes")
-    bench.write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
-                      "machine": machine | {"load_average_after": bench.machine_info().get("load_average")},
+    write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
+                      "machine": machine | {"load_average_after": machine_info().get("load_average")},
                       "results": results})
     console.print(f"wrote {path}")
     return 0

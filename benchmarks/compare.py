@@ -64,6 +64,7 @@ def main(argv=None) -> int:
 
     from bertopt import bench
     from bertopt.artifact import Artifact
+    from bertopt.records import machine_info, write_json
 
     console = Console(width=220)
     say = progress_printer()
@@ -86,13 +87,13 @@ def main(argv=None) -> int:
         keep = [w.lower() for w in args.only]
         contenders = contenders[:2] + [c for c in contenders[2:] if any(w in c.name.lower() for w in keep)]
 
-    machine = bench.machine_info()
+    machine = machine_info()
     say(f"load average before: {machine.get('load_average')}")
     machine["gemm_ceiling_gflop_per_s_before"] = gemm_ceiling(threads)
     results = bench.measure(contenders, settings, reference=reference, progress=say)
     bench.add_ratios(results, "PyTorch fp32", "pt-fp32")
     bench.add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
-    machine["load_average_after"] = bench.machine_info().get("load_average")
+    machine["load_average_after"] = machine_info().get("load_average")
     machine["gemm_ceiling_gflop_per_s_after"] = gemm_ceiling(threads)
     console.print(bench.results_table(results, settings, f"issue 8: side by side ({args.model}, {len(contenders)} "
                                 f"contenders, {settings.rounds} interleaved rounds, medians)", ["pt-fp32", "pt-bf16"]))
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     for line in verdict["lines"]:
         console.print(line)
     path = output_path(args, "compare")
-    bench.write_json(path, {"script": "compare", "model": args.model, "settings": asdict(settings), "machine": machine,
+    write_json(path, {"script": "compare", "model": args.model, "settings": asdict(settings), "machine": machine,
                       "goal": {k: v for k, v in verdict.items() if k != "lines"}, "results": results})
     console.print(f"wrote {path}")
     return 0

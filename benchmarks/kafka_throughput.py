@@ -92,6 +92,7 @@ def main() -> None:
 
     from bertopt.artifact import Artifact
     from bertopt.data import corpus
+    from bertopt.records import write_json
     from bertopt.runtime import Predictor
 
     work = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
@@ -210,8 +211,7 @@ def main() -> None:
     print(f"all {len(texts)} ids answered: {result['all_ids_answered']}, duplicates: {result['duplicates']}, "
           f"max |diff| vs in-process {max_abs:.2e}, cosine min {cos.min():.7f}, bridge exit {code}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(out, result)
     print(f"wrote {out}")
     if not result["all_ids_answered"] or code != 0:
         sys.exit(1)

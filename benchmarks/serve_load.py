@@ -15,7 +15,6 @@ Prints a table and writes benchmarks/results/serve_load.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -121,6 +120,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from bertopt.client import Client
+    from bertopt.records import write_json
     from bertopt.runtime import Predictor
     from bertopt.runtime.backends import default_threads
 
@@ -232,7 +232,7 @@ def main() -> None:
           f"under {args.flood_size}-sentence flood p50 {result['small_flood_p50_ms']:.1f} ms "
           f"p99 {result['small_flood_p99_ms']:.1f} ms | ratio {result['flood_p99_over_idle_p99']:.2f} "
           f"(target <= 3; flood requests still pending at the end: {flood_pending}/2)")
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
 
 

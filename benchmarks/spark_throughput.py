@@ -17,7 +17,6 @@ benchmarks/results/spark_throughput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -72,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from bertopt.artifact import Artifact
     from bertopt.data import mixed_text
+    from bertopt.records import write_json
     from bertopt.runtime import Predictor
     from bertopt.runtime.backends import default_threads
     from bertopt.spark import get_session, predict_dataframe, predict_udf
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         "spark_startup_s": startup_s, "spark_first_action_s": first_action_s, "target_ratio": 0.8,
         "note": "shared machine: other processes compete for the same cores; compare the ratios",
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
     return result
 

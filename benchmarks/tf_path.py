@@ -11,7 +11,6 @@ absolute numbers: the machine is shared). Writes benchmarks/results/tf_path.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ def main() -> None:
 
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.data import corpus, mixed_text
+    from bertopt.records import write_json
     from bertopt.registry import run_stage
     from bertopt.runtime import Predictor
     from bertopt.sources import resolve_source
@@ -109,11 +109,10 @@ def main() -> None:
     print(f"\nthroughput, batch 32, {len(mixed)} mixed-length texts, median of {args.rounds} interleaved rounds")
     for name, v in speed.items():
         print(f"  {name:26s} {v:8.1f} texts/s  {v / base:5.2f}x the TF original")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": args.model, "stages": rows, "throughput_texts_per_s": speed,
-                                     "relative_to_tf_original": {k: v / base for k, v in speed.items()},
-                                     "texts": len(mixed), "rounds": args.rounds,
-                                     "threads": getattr(tf_ref.session, "threads", None)}, indent=2))
+    write_json(args.json, {"model": args.model, "stages": rows, "throughput_texts_per_s": speed,
+                           "relative_to_tf_original": {k: v / base for k, v in speed.items()},
+                           "texts": len(mixed), "rounds": args.rounds,
+                           "threads": getattr(tf_ref.session, "threads", None)})
     print(f"wrote {args.json}")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
+from bertopt.records import write_json
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bertopt.json"
@@ -52,6 +53,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def primary_output(model) -> str | None:
+    """The output ``encode`` returns: the manifest's ``primary_output``, else the last output (``model`` is an
+    Artifact or a reference model's spec with ``model_info`` and ``outputs``)."""
+    return model.model_info.get("primary_output") or (model.outputs[-1]["name"] if model.outputs else None)
+
+
+def output_kinds(outputs: list[dict[str, Any]]) -> dict[str, str]:
+    """Output name -> kind (embedding, token, logits, ...); an output that records none is an embedding."""
+    return {o["name"]: o.get("kind", "embedding") for o in outputs}
 
 
 def tool_versions() -> dict[str, str]:
@@ -166,6 +178,14 @@ class Artifact:
         return self.manifest.get("model", {})
 
     @property
+    def primary_output(self) -> str | None:
+        return primary_output(self)
+
+    @property
+    def output_kinds(self) -> dict[str, str]:
+        return output_kinds(self.outputs)
+
+    @property
     def lineage(self) -> dict[str, Any]:
         return self.manifest.get("lineage", {})
 
@@ -203,16 +223,10 @@ class Artifact:
     def record_validation(self, key: str, results: dict[str, Any]) -> None:
         """Store validation results in the manifest (atomically; hashed files are untouched)."""
         self.manifest.setdefault("validation", {})[key] = results
-        _write_json_atomic(self.path / MANIFEST_NAME, self.manifest)
+        write_json(self.path / MANIFEST_NAME, self.manifest)
 
     def __repr__(self) -> str:
         return f"Artifact({str(self.path)!r}, {self.model_format}, {self.precision})"
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def is_artifact(path: str | os.PathLike) -> bool:
@@ -350,7 +364,7 @@ class ArtifactWriter:
             "validation": {},
             **self.extra,
         }
-        _write_json_atomic(self.dir / MANIFEST_NAME, manifest)
+        write_json(self.dir / MANIFEST_NAME, manifest)
         # Rename into place; an existing artifact (overwrite) is moved aside first, then removed.
         old = None
         if self.out_dir.exists():

@@ -16,7 +16,6 @@ The same functions back ``benchmarks/bench_recipes.py`` and ``benchmarks/compare
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -297,42 +296,6 @@ def results_table(results: list[dict[str, Any]], settings: Settings, title: str,
     return table
 
 
-def machine_info() -> dict[str, Any]:
-    import os
-    import platform
-
-    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        info["load_average"] = os.getloadavg()
-    except OSError:
-        info["load_average"] = None
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            if line.startswith("model name") and "cpu_model" not in info:
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-            if line.startswith("cpu MHz") and "cpu_mhz" not in info:
-                info["cpu_mhz"] = float(line.split(":", 1)[1])
-            if line.startswith("flags") and "flags" not in info:
-                flags = set(line.split(":", 1)[1].split())
-                info["flags"] = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
-    except OSError:
-        pass
-    return info
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    import os
-    import uuid
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-# -- CLI ----------------------------------------------------------------------------------------------------------
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_command(
@@ -389,6 +352,8 @@ def register(app: typer.Typer) -> None:
         console.print(results_table(results, settings, "bertopt bench", ratio_keys))
         if json_out is not None:
             from dataclasses import asdict
+
+            from bertopt.records import machine_info, write_json
 
             write_json(json_out, {"settings": asdict(settings), "machine": machine_info(), "results": results})
             console.print(f"wrote {json_out}")

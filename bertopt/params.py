@@ -10,7 +10,7 @@ size, max sequence length, runtime) are declared here once.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 from bertopt.errors import UserError
@@ -32,6 +32,10 @@ class Param:
     @property
     def cli_help(self) -> str:
         return self.help + (f" Choices: {', '.join(self.choices)}." if self.choices else "")
+
+    def with_(self, **changes: Any) -> "Param":
+        """The same parameter with some fields changed (a feature that allows fewer choices, say)."""
+        return replace(self, **changes)
 
     def typer_option(self, *aliases: str, flag: str | None = None):
         """This parameter as an option of a hand-written Typer command (its default, flag and help)."""

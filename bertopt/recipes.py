@@ -15,7 +15,6 @@ Every key is checked: an unknown key or a bad value is an error naming the key a
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -157,9 +156,3 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
     if progress:
         progress("done", total, total)
     return result
-
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    value = fn(*args, **kwargs)
-    return value, time.perf_counter() - t0

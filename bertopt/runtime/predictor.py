@@ -13,15 +13,14 @@ output (attention masks it), so bucketing changes speed, not values.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from bertopt.artifact import Artifact
+from bertopt.artifact import Artifact, primary_output
 from bertopt.errors import UserError
 from bertopt.runtime.backends import describe, open_session
 
@@ -85,7 +84,7 @@ class Predictor:
                             "re-create the artifact")
         self.outputs = {o["name"]: o for o in artifact.outputs}
         self.output_names = [o["name"] for o in artifact.outputs]
-        self.primary_output = info.get("primary_output") or self.output_names[-1]
+        self.primary_output = primary_output(artifact)
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
         self._lock = threading.Lock()  # sessions are thread-safe; counters are not
 
@@ -227,17 +226,3 @@ class Predictor:
         if self.is_token_level(self.primary_output):
             raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")
         return out
-
-    def iter_encode(self, texts: Iterable[str], chunk: int = 1024):
-        buf: list[str] = []
-        for t in texts:
-            buf.append(t)
-            if len(buf) >= chunk:
-                yield self.encode(buf)
-                buf = []
-        if buf:
-            yield self.encode(buf)
-
-
-def read_manifest_only(path: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(path) / "bertopt.json").read_text())

@@ -84,7 +84,7 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     if seq > model_max:
         raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
     outputs = {o["name"]: o for o in art.outputs}
-    primary = info.get("primary_output") or art.outputs[-1]["name"]
+    primary = art.primary_output
     shape = outputs[primary].get("shape", [])
     if "sequence" in [str(d) for d in shape]:
         raise UserError(f"the artifact's primary output {primary!r} is per-token; bertopt serve returns one "

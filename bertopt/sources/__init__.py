@@ -17,7 +17,6 @@ from typing import Any
 
 from bertopt.errors import UserError
 
-SOURCE_KINDS = ("hf", "onnx", "tf-savedmodel", "keras", "tf-checkpoint")
 FRAMEWORK_OF = {
     "hf": "pytorch",
     "onnx": "onnxruntime",

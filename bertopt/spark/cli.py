@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from bertopt.params import BATCH_SIZE, MAX_SEQ_LEN, PROVIDER
+from bertopt.params import BATCH_SIZE, MAX_SEQ_LEN
+from bertopt.spark.udf import SPARK_PROVIDER
 
 HELP = (
     "Run an artifact over a table with Spark and write Parquet with the input columns plus the predictions.\n\n"
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option("", "--prefix", help="Prefix for the prediction column names."),
         ship: bool = typer.Option(False, "--ship", help="Zip the artifact and send it to the executors with "
                                   "SparkContext.addArchive (for clusters without a shared file system)."),
-        provider: str = PROVIDER.typer_option(),
+        provider: str = SPARK_PROVIDER.typer_option(),
         force: bool = typer.Option(False, "--force", help="Replace an existing --output."),
     ) -> None:
         """Run an artifact over a table with Spark and write Parquet with the predictions appended."""

@@ -31,6 +31,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bertopt.errors import ArtifactError, UserError
+from bertopt.params import PROVIDER
+
+# executors run ONNX Runtime on CPU or one GPU per partition (no TensorRT)
+SPARK_PROVIDER = PROVIDER.with_(choices=("auto", "cpu", "cuda"),
+                                help="Execution provider (auto: a GPU per partition when executors have them, "
+                                "else CPU).")
 
 LOAD_LOG_ENV = "BERTOPT_SPARK_LOAD_LOG"
 CACHE_SIZE = 4  # models kept per worker process (different artifacts, or one per GPU)
@@ -272,7 +278,9 @@ def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
     specs = {o["name"]: o for o in art.outputs}
     logits = [name for name, o in specs.items() if o.get("kind") == "logits"]
     if outputs is None:
-        primary = art.model_info.get("primary_output") or (art.outputs[-1]["name"] if art.outputs else None)
+        from bertopt.artifact import primary_output
+
+        primary = primary_output(art)
         if primary is None or not _is_pooled(specs[primary]):
             pooled = [name for name, o in specs.items() if _is_pooled(o)]
             if not pooled:
@@ -315,8 +323,8 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
 
     if batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}")
-    if provider not in ("auto", "cpu", "cuda"):
-        raise UserError(f"unknown provider '{provider}'; choose auto, cpu or cuda")
+    if provider not in SPARK_PROVIDER.choices:
+        raise UserError(f"unknown provider '{provider}'; choose {', '.join(SPARK_PROVIDER.choices)}")
     if not worker_reuse_enabled(spark):
         import warnings
 

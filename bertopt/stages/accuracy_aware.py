@@ -64,8 +64,8 @@ class Evaluator:
         # no blob cache: every candidate is a different model compiled once
         self.runtime_options = {**(runtime_options or {}), "cache": False}
         self.texts = texts
-        self.primary = art.model_info.get("primary_output") or art.outputs[-1]["name"]
-        self.kinds = {o["name"]: o.get("kind", "embedding") for o in art.outputs}
+        self.primary = art.primary_output
+        self.kinds = art.output_kinds
         self.reference = Predictor(art, provider="cpu", threads=threads, verify=False).run(texts)
         self.evaluations = 0
 

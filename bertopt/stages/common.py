@@ -38,8 +38,7 @@ def check_against(writer, reference: Artifact, texts: list[str], outputs: list[s
     old = Predictor(reference, provider="cpu", threads=threads, verify=False)
     names = outputs or [o for o in new.output_names if o in old.output_names]
     got, ref = new.run(texts, outputs=names), old.run(texts, outputs=names)
-    kinds = {o["name"]: o.get("kind", "embedding") for o in reference.outputs}
-    return compare_runs(got, ref, kinds)
+    return compare_runs(got, ref, reference.output_kinds)
 
 
 def worst_abs_diff(stats: dict[str, dict]) -> float:

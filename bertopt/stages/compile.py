@@ -109,5 +109,4 @@ def _check(view, parent, texts):
     new = Predictor(view, provider="cpu", verify=False)
     old = Predictor(parent, provider="cpu", verify=False)
     names = [o for o in new.output_names if o in old.output_names]
-    kinds = {o["name"]: o.get("kind", "embedding") for o in parent.outputs}
-    return compare_runs(new.run(texts, outputs=names), old.run(texts, outputs=names), kinds), new.session
+    return compare_runs(new.run(texts, outputs=names), old.run(texts, outputs=names), parent.output_kinds), new.session

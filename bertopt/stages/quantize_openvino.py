@@ -79,15 +79,20 @@ def quantizable_weights(model, op_types) -> list[tuple[str, str, str]]:
     that reads a 2-D float initialiser, in graph order: the candidates for int8 weights."""
     import onnx
 
+    from bertopt.stages.onnx_util import weight_matmuls
+
     floats = {i.name for i in model.graph.initializer
               if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
+    # a node is known by its name and inputs (unnamed nodes share the empty name)
+    matmuls = {(node.name, *node.input) for node, weight in weight_matmuls(model, ("MatMul",)) if weight in floats}
     found = []
     for n in model.graph.node:
         if n.op_type not in WEIGHT_INPUTS or n.op_type not in op_types or len(n.input) != 2:
             continue
-        index = WEIGHT_INPUTS[n.op_type][0]
-        if n.input[index] in floats and n.input[1 - index] not in floats:
-            found.append((n.name, n.input[index], n.op_type))
+        if n.op_type == "MatMul" and (n.name, *n.input) in matmuls:
+            found.append((n.name, n.input[1], n.op_type))
+        elif n.op_type == "Gather" and n.input[0] in floats and n.input[1] not in floats:
+            found.append((n.name, n.input[0], n.op_type))
     return found
 
 

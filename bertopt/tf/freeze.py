@@ -114,6 +114,7 @@ def _name_inputs_and_outputs(graph_def, frozen, model) -> None:
 
 
 def _max_abs_diff_vs_source(writer, model) -> float:
+    from bertopt.artifact import output_kinds
     from bertopt.data import corpus
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import SourceModel
@@ -128,6 +129,6 @@ def _max_abs_diff_vs_source(writer, model) -> float:
     spec.function, spec.keep_alive = model.function, model.keep_alive
     source_pred = Predictor(spec, max_seq_len=frozen_pred.max_seq_len)
     names = frozen_pred.output_names
-    kinds = {o["name"]: o["kind"] for o in model.outputs}
+    kinds = output_kinds(model.outputs)
     return worst_abs_diff(compare_runs(frozen_pred.run(texts, outputs=names), source_pred.run(texts, outputs=names),
                                        kinds))

@@ -248,5 +248,5 @@ def _max_abs_diff_vs_pytorch(writer, hf_path: Path, pooling: str | None) -> floa
     tf_pred = Predictor(writer.staged(), provider="cpu")
     torch_pred = hf_reference(hf_path, pooling=pooling or "none", max_seq_len=tf_pred.max_seq_len)
     names = tf_pred.output_names
-    kinds = {o["name"]: o["kind"] for o in writer._model["outputs"]}
+    kinds = writer.staged().output_kinds
     return worst_abs_diff(compare_runs(tf_pred.run(texts, outputs=names), torch_pred.run(texts, outputs=names), kinds))

@@ -284,7 +284,8 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
         checks.append(_check("spark_matches_runtime", Target("spark_max_abs_diff", "<=", SPARK_TOLERANCE), metrics))
     passed = all(c["passed"] for c in checks)
 
-    from bertopt.validate.reports import machine_info, package_versions, print_summary, write_reports
+    from bertopt.records import machine_info
+    from bertopt.validate.reports import package_versions, print_summary, write_reports
 
     result: dict[str, Any] = {
         "passed": passed,

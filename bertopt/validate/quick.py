@@ -30,8 +30,7 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     art = Predictor(artifact, threads=threads, verify=False)
     ref = reference_predictor(artifact, reference, threads=threads)
     names = [n for n in art.output_names if n in ref.output_names]
-    kinds = {o["name"]: o.get("kind", "embedding") for o in artifact.outputs}
-    accuracy = compare_runs(art.run(texts, outputs=names), ref.run(texts, outputs=names), kinds)
+    accuracy = compare_runs(art.run(texts, outputs=names), ref.run(texts, outputs=names), artifact.output_kinds)
     # alternate the two so a noisy neighbour hurts both alike
     tp_art, tp_ref = [], []
     for _ in range(2):

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.records import write_json
+
 _VERSION_PACKAGES = ("bertopt", "onnxruntime", "onnx", "numpy", "torch", "transformers", "tokenizers",
                      "tensorflow-cpu", "openvino", "pyspark", "matplotlib")
 
@@ -38,31 +40,6 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
-                            "processor": platform.processor(), "cpu_count": os.cpu_count()}
-    try:
-        info["usable_cores"] = len(os.sched_getaffinity(0))
-    except AttributeError:
-        info["usable_cores"] = os.cpu_count()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        text = cpuinfo.read_text(errors="replace")
-        for line in text.splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-        flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-        info["cpu_features"] = sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
-                                                               "amx_bf16", "amx_int8", "avx_vnni"))
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal"):
-                info["memory_gb"] = round(int(line.split()[1]) / 1024 / 1024, 1)
-    return info
-
-
 # -- writing --------------------------------------------------------------------------------------------
 def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.ndarray]], report_dir: Path) -> None:
     report_dir = Path(report_dir)
@@ -73,7 +50,7 @@ def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.
         result["error_histograms"] = _histograms(distributions)
         plots = _plots(result, distributions, tmp)
         result["plots"] = plots
-        (tmp / "validation.json").write_text(json.dumps(_jsonable(result), indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / "validation.json", _jsonable(result))
         (tmp / "junit.xml").write_text(junit_xml(result), encoding="utf-8")
         (tmp / "summary.md").write_text(markdown_summary(result), encoding="utf-8")
         (tmp / "report.html").write_text(html_report(result), encoding="utf-8")
