@@ -141,6 +141,7 @@ def main() -> None:
 
     from bertopt.artifact import Artifact
     from bertopt.data import corpus
+    from bertopt.records import write_json
     from bertopt.runtime import Predictor
 
     work = Path(tempfile.mkdtemp(prefix="kafka-spark-bench-"))
@@ -250,8 +251,7 @@ def main() -> None:
           f"{diffs['spark']:.1e}; duplicates {local['duplicates']} / {spark['duplicates']}; exit codes "
           f"{local['exit_code']} / {spark['exit_code']}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(out, result)
     print(f"wrote {out}")
     if max(diffs.values()) > 1e-5 or local["exit_code"] or spark["exit_code"]:
         sys.exit(1)
