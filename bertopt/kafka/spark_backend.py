@@ -22,8 +22,6 @@ import logging
 import time
 from typing import Any, Sequence
 
-import numpy as np
-
 from bertopt.errors import UserError
 from bertopt.params import Param, resolve_config
 
@@ -101,7 +99,7 @@ class SparkBackend:
 
         return None if all(is_text(t) for t in texts) else EMPTY_TEXT_ERROR
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
+    def encode(self, texts: Sequence[str]):
         from bertopt.kafka.bridge import BackendFailed
         from bertopt.spark.session import bertopt_error_in
 
@@ -119,8 +117,9 @@ class SparkBackend:
         self.batches += 1
         return values
 
-    def _run(self, texts: list[str]) -> np.ndarray:
-        """Predict ``texts`` in one Spark job; rows come back in the order given."""
+    def _run(self, texts: list[str]):
+        """Predict ``texts`` in one Spark job (a float32 array); rows come back in the order given."""
+        import numpy as np
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         if not texts:
