@@ -126,12 +126,16 @@ class ResponseBuilder:
     is read and the UDF built once, not per micro-batch)."""
 
     def __init__(self, artifact, *, spark=None, batch_size: int = 32, max_texts_per_request: int = 256,
-                 threads: int | None = None, provider: str = "auto", archive: str | None = None, ship: bool = False):
+                 threads: int | None = None, provider: str = "auto", archive: str | None = None, ship: bool = False,
+                 partitions: int | None = None):
         from bertopt.spark.udf import _active_session, _load_on_driver, predict_udf
 
         if max_texts_per_request < 1:
             raise UserError(f"max_texts_per_request must be at least 1, got {max_texts_per_request}")
+        if partitions is not None and partitions < 1:
+            raise UserError(f"partitions must be at least 1, got {partitions}")
         self.spark = _active_session(spark)
+        self.partitions = partitions or max(1, self.spark.sparkContext.defaultParallelism)
         self.art = _load_on_driver(artifact)
         self.max_texts = max_texts_per_request
         self.udf = predict_udf(self.art, batch_size=batch_size, threads=threads, provider=provider,
@@ -154,9 +158,13 @@ class ResponseBuilder:
             StructField("key", BinaryType(), True), StructField("rid", StringType(), False),
             StructField("single", BooleanType(), False), StructField("texts", ArrayType(StringType()), False),
             StructField("error", StringType(), True)])
+        # The repartition spreads the texts over `partitions` tasks (a topic may have fewer partitions than the
+        # cluster has cores) and ends the parsing stage: a task then runs one Python step at a time, so a worker
+        # parsing requests never sits next to a worker holding the model (twice the workers, twice the loads).
         parsed = (requests.select(*cols)
                   .mapInPandas(_ParseRequests(self.max_texts, has_position), parsed_schema)
-                  .withColumn("req_no", F.monotonically_increasing_id()))
+                  .withColumn("req_no", F.monotonically_increasing_id())
+                  .repartition(self.partitions))
         exploded = parsed.select("req_no", "key", "rid", "single", "error",
                                  F.posexplode_outer("texts").alias("pos", "text"))
         predicted = exploded.withColumn("y", self.udf("text"))
@@ -170,7 +178,8 @@ class ResponseBuilder:
 def kafka_responses(requests, artifact, **options):
     """Kafka request rows (``key``, ``value``) -> response rows (``key``, ``value``), as ``bertopt kafka`` answers
     them. ``options``: ``batch_size``, ``max_texts_per_request``, ``threads``, ``provider``, ``archive``,
-    ``ship`` (as for ``predict_udf``)."""
+    ``ship`` (as for ``predict_udf``), ``partitions`` (tasks the texts are spread over; default: the session's
+    default parallelism)."""
     return ResponseBuilder(artifact, spark=requests.sparkSession, **options).responses(requests)
 
 
@@ -218,13 +227,14 @@ def kafka_stream_job(spark, artifact, bootstrap: str, request_topic: str, respon
                      starting_offsets: str = "earliest", trigger_seconds: float | None = None,
                      kafka_options: dict[str, str] | None = None, query_name: str | None = None,
                      threads: int | None = None, provider: str = "auto", archive: str | None = None,
-                     ship: bool = False):
+                     ship: bool = False, partitions: int | None = None):
     """Start the Structured Streaming job request topic -> bertopt UDF -> response topic; returns the
     ``StreamingQuery`` (``.awaitTermination()``, ``.stop()``, ``.lastProgress``).
 
     Needs Spark's Kafka connector (``kafka_package(spark)`` names it: ``spark-submit --packages ...``); without
     it a UserError says so. ``kafka_options``: Kafka client properties for both sides (``security.protocol``,
-    ``sasl.jaas.config``, ...); ``max_offsets_per_trigger`` bounds a micro-batch.
+    ``sasl.jaas.config``, ...); ``max_offsets_per_trigger`` bounds a micro-batch; ``partitions``: the Spark tasks
+    a micro-batch's texts are spread over (default: the session's default parallelism).
     """
     from bertopt.artifact import Artifact
 
@@ -256,4 +266,4 @@ def kafka_stream_job(spark, artifact, bootstrap: str, request_topic: str, respon
     return start_response_stream(source, art, to_kafka, checkpoint, query_name=query_name,
                                  trigger_seconds=trigger_seconds, batch_size=batch_size,
                                  max_texts_per_request=max_texts_per_request, threads=threads, provider=provider,
-                                 archive=archive, ship=ship)
+                                 archive=archive, ship=ship, partitions=partitions)

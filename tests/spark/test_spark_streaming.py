@@ -53,25 +53,32 @@ def by_id(rows) -> dict:
     return out
 
 
-def test_kafka_responses_on_a_kafka_shaped_dataframe_match_the_runtime_and_the_bridge(spark, tiny_onnx):
+def test_kafka_responses_on_a_kafka_shaped_dataframe_match_the_runtime_and_the_bridge(spark, tiny_onnx, fresh_copy,
+                                                                                       tmp_path, monkeypatch):
     from bertopt.runtime import Predictor
     from bertopt.spark.streaming import kafka_responses
+    from bertopt.spark.udf import LOAD_LOG_ENV, read_load_log
 
+    art = fresh_copy(tiny_onnx, "streamed")  # a path no worker has loaded: its loads are this test's only
+    monkeypatch.setenv(LOAD_LOG_ENV, str(tmp_path / "loads.tsv"))
     values = GOOD[:2] + UNANSWERABLE[:1] + [(f"k-{k}".encode(), json.dumps(b).encode()) for k, (b, _) in
                                           MALFORMED.items()] + GOOD[2:] + UNANSWERABLE[1:]
     df = spark.createDataFrame(kafka_rows(values), KAFKA_SOURCE_SCHEMA).repartition(2)
-    answered = by_id(kafka_responses(df, tiny_onnx.path, max_texts_per_request=4, batch_size=2).collect())
+    answered = by_id(kafka_responses(df, art.path, max_texts_per_request=4, batch_size=2).collect())
+    # parsing, predicting and formatting run as separate stages: local[2] never holds more than two Python workers,
+    # so the model is loaded at most twice
+    assert 1 <= len(read_load_log(tmp_path / "loads.tsv")) <= 2
 
     assert set(answered) == {1, "multi", 3, "empty"} | set(MALFORMED)  # the three without an id are dropped
     predictor = Predictor(tiny_onnx.path, threads=1)
     key, one = answered[1]
-    assert key == b"k-1" and one["artifact"] == tiny_onnx.digest and set(one) == {"id", "embedding", "artifact"}
+    assert key == b"k-1" and one["artifact"] == art.digest and set(one) == {"id", "embedding", "artifact"}
     np.testing.assert_allclose(one["embedding"], predictor.encode(["the cat sat on the mat"])[0], rtol=0, atol=1e-5)
     key, multi = answered["multi"]
     assert key == b"k-multi"
     np.testing.assert_allclose(multi["embeddings"], predictor.encode(["a dog", "runs fast and far", "hi"]),
                                rtol=0, atol=1e-5)  # in request order, although the UDF sorts by length
-    assert answered["empty"][1] == {"id": "empty", "embeddings": [], "artifact": tiny_onnx.digest}
+    assert answered["empty"][1] == {"id": "empty", "embeddings": [], "artifact": art.digest}
     for rid, (_, message) in MALFORMED.items():
         key, body = answered[rid]
         assert key == f"k-{rid}".encode()
