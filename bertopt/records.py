@@ -10,6 +10,25 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+_VECTOR_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni")
+
+
+def cpu_features() -> set[str]:
+    """The x86 vector features of this CPU that decide which kernels the runtimes use (empty off Linux/x86)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return set()
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        if line.startswith("flags"):
+            return {f for f in line.split(":", 1)[1].split() if f in _VECTOR_FEATURES}
+    return set()
+
+
+def has_int8_dot_product() -> bool:
+    """VNNI or AMX: an int8 dot product without 16-bit intermediates. Without it ONNX Runtime's u8s8 int8 kernels
+    saturate (less faithful int8) and OpenVINO keeps activations float (no dynamic quantisation)."""
+    return bool(cpu_features() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
 
 def machine_info() -> dict[str, Any]:
     """The machine a measurement ran on: platform, cores (all and usable), CPU model, clock and vector features,
@@ -35,8 +54,7 @@ def machine_info() -> dict[str, Any]:
                 info["cpu_mhz"] = float(line.split(":", 1)[1])
         flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
         info["flags"] = sorted(f for f in set(flags) if f.startswith(("avx512", "amx", "avx_vnni")))
-        info["cpu_features"] = sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
-                                                               "amx_bf16", "amx_int8", "avx_vnni"))
+        info["cpu_features"] = sorted(cpu_features())
     meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         for line in meminfo.read_text().splitlines():
