@@ -116,12 +116,15 @@ class Artifact:
             manifest = json.loads(manifest_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ArtifactError(f"{manifest_path} is not valid JSON ({exc}); re-create the artifact") from None
+        if not isinstance(manifest, dict):
+            check_manifest(manifest, manifest_path)  # names the problem
         version = manifest.get("format_version")
         if version != FORMAT_VERSION:
             raise ArtifactError(
                 f"{path}: artifact format version {version!r} is not supported by this bertopt "
                 f"(expects {FORMAT_VERSION}); re-create it with this version"
             )
+        check_manifest(manifest, manifest_path)
         artifact = cls(path, manifest)
         if verify:
             artifact.verify()
@@ -220,6 +223,24 @@ class Artifact:
     def size_bytes(self) -> int:
         return sum(info["size"] for info in self.manifest.get("files", {}).values())
 
+    def batch_invariance(self) -> dict[str, Any] | None:
+        """Whether a text's output depends on its batch: ``{"invariant": bool, "batch_dev": float | None,
+        "bound": float, ...}`` as measured by ``validate`` (or declared by the stage that made the artifact,
+        e.g. ONNX Runtime dynamic int8); None when nobody has said."""
+        measured = (self.manifest.get("validation") or {}).get("batch_invariance")
+        return measured or self.manifest.get("batch_invariance")
+
+    def batch_dependence_warning(self) -> str | None:
+        """One line for servers to print at start-up when this artifact is known to be batch-dependent."""
+        info = self.batch_invariance()
+        if not info or info.get("invariant", True):
+            return None
+        dev = info.get("batch_dev")
+        figure = f" (up to {dev:.2g} 1-cosine measured)" if isinstance(dev, (int, float)) else ""
+        return (f"warning: {self.path} is batch-dependent: a text's output changes with what it is batched "
+                f"with{figure}; for outputs that match validation use a batch-invariant artifact "
+                "(bertopt run recipes/minilm-fastest-cpu.yaml)")
+
     def record_validation(self, key: str, results: dict[str, Any]) -> None:
         """Store validation results in the manifest (atomically; hashed files are untouched)."""
         self.manifest.setdefault("validation", {})[key] = results
@@ -227,6 +248,63 @@ class Artifact:
 
     def __repr__(self) -> str:
         return f"Artifact({str(self.path)!r}, {self.model_format}, {self.precision})"
+
+
+# key -> (type(s), required): what a manifest must hold for loading, inspecting and serving it
+_MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
+    "format_version": ((int,), True),
+    "model_file": ((str,), True),
+    "model_format": ((str,), True),
+    "inputs": ((list,), True),
+    "outputs": ((list,), True),
+    "precision": ((str,), False),
+    "runtime": ((str,), False),
+    "runtime_options": ((dict,), False),
+    "model": ((dict,), False),
+    "digest": ((str,), True),
+    "files": ((dict,), True),
+    "lineage": ((dict,), False),
+    "history": ((list,), False),
+    "validation": ((dict,), False),
+    "batch_invariance": ((dict,), False),
+}
+_TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number"}
+
+
+def check_manifest(manifest: Any, where: Path | str) -> None:
+    """Keys and types of a manifest, checked on load: one line naming the first problem, never a traceback
+    later in whatever reads the field."""
+    fix = "re-create the artifact with 'bertopt export' or 'bertopt run'"
+
+    def bad(what: str) -> ArtifactError:
+        return ArtifactError(f"{where}: {what}; {fix}")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"the manifest must be a JSON object, got {type(manifest).__name__}")
+    for key, (types, required) in _MANIFEST_SCHEMA.items():
+        if key not in manifest:
+            if required:
+                raise bad(f"'{key}' is missing")
+            continue
+        value = manifest[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise bad(f"'{key}' must be {_TYPE_NAMES[types[0]]}, got {type(value).__name__} {value!r:.40}")
+    if manifest["model_format"] not in MODEL_FORMATS:
+        raise bad(f"'model_format' is {manifest['model_format']!r}, not one of {', '.join(MODEL_FORMATS)}")
+    for section in ("inputs", "outputs"):
+        if not manifest[section]:
+            raise bad(f"'{section}' is empty (an artifact has at least one)")
+    for section in ("inputs", "outputs"):
+        for i, entry in enumerate(manifest[section]):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise bad(f"{section}[{i}] must be a mapping with a string 'name', got {entry!r:.40}")
+            for key, types in (("kind", (str,)), ("shape", (list,)), ("dtype", (str,)), ("role", (str,))):
+                if key in entry and not isinstance(entry[key], types):
+                    raise bad(f"{section}[{i}].{key} must be {_TYPE_NAMES[types[0]]}, got {entry[key]!r:.40}")
+    for rel, info in manifest["files"].items():
+        if (not isinstance(info, dict) or not isinstance(info.get("size"), int)
+                or not isinstance(info.get("sha256"), str)):
+            raise bad(f"files[{rel!r}] must be a mapping with an integer 'size' and a string 'sha256'")
 
 
 def is_artifact(path: str | os.PathLike) -> bool:

@@ -21,7 +21,8 @@ from bertopt.reporting import console, err_console
 app = typer.Typer(
     name="bertopt",
     help="Turn a BERT-family encoder into a validated serving artifact, and serve it.\n\n"
-    "Typical flow: [bold]bertopt run recipes/minilm-int8-cpu.yaml[/] (export -> optimize -> quantize -> compare), "
+    "Typical flow: [bold]bertopt run recipes/minilm-fastest-cpu.yaml[/] (export -> prune -> compile -> compare "
+    "-> gate), "
     "or stage by stage: [bold]bertopt export builtin:minilm --out a/onnx[/], "
     "[bold]bertopt quantize a/onnx --mode fp16 --out a/fp16[/], [bold]bertopt inspect a/fp16[/].",
     no_args_is_help=True,
@@ -29,6 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
 
 def _stage_command(name: str):
     from bertopt.registry import get_stage
@@ -38,9 +40,14 @@ def _stage_command(name: str):
         if name in ("export", "freeze") else "ARTIFACT folder"
 
     def command(**kwargs: Any) -> None:
-        from bertopt.registry import run_stage
+        from bertopt.errors import check_writable
+        from bertopt.params import resolve_config
+        from bertopt.registry import preflight_stage, run_stage
 
         given = {k: v for k, v in kwargs.items() if k not in ("input", "out", "force") and v is not None}
+        # every option and the output folder are checked before the stage does any work
+        preflight_stage(stage, resolve_config(stage.PARAMS, given, name), name)
+        check_writable(kwargs["out"], "--out")
         with console.status(f"[bold]{name}[/] {kwargs['input']} ..."):
             art = run_stage(name, kwargs["input"], given, kwargs["out"], overwrite=kwargs["force"])
         _print_stage_result(art)
@@ -95,7 +102,7 @@ _register_stage_commands()
 
 @app.command("run")
 def run_command(
-    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-int8-cpu)."),
+    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-fastest-cpu)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
                                         "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
     out: Path = typer.Option(Path("artifacts"), "--out", "-o", help="Folder for the artifacts; each stage writes "
@@ -185,10 +192,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except exit_ as exc:
         sys.exit(exc.exit_code)
-    except click_error as exc:  # usage errors: bad option, missing argument
-        exc.show()
+    except click_error as exc:  # usage errors: bad option, missing argument, a number out of range
+        err_console.print(f"[bold red]error:[/] {_usage_line(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     sys.exit(0)
+
+
+def _usage_line(exc) -> str:
+    """A click usage error as one line naming the problem and where to look for the fix."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "bertopt"
+    return f"{message}; see '{command} --help'"
 
 
 def _quiet_third_party_output() -> None:

@@ -47,3 +47,32 @@ def require(module: str, extra: str, what: str = ""):
         if exc.name and exc.name.split(".")[0] != module.split(".")[0]:
             raise
         raise MissingDependency(module, extra, what) from exc
+
+
+def check_writable(path, flag: str = "--out") -> None:
+    """Refuse, before any work, an output path that cannot be created: a parent that is a file, or a folder
+    this process may not write (probed by creating and removing a file, which also catches read-only file
+    systems and root on /proc)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path).absolute()
+    if target.exists() and not target.is_dir():
+        return  # the caller decides what to do with an existing file (usually: refuse it by name)
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{flag} {path}: {probe} is a file, so the folder cannot be created there; "
+                        f"choose another {flag}")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".bertopt-write-check-", dir=probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"{flag} {path} is not writable ({reason} in {probe}); choose a folder you can "
+                        "write to") from None
+    os.close(fd)
+    os.unlink(name)

@@ -33,14 +33,15 @@ def render(artifact, console) -> None:
     info = artifact.model_info
     head.add_row("model", ", ".join(f"{k}={info[k]}" for k in ("task", "hidden_size", "num_hidden_layers",
                                                                "num_attention_heads", "max_seq_len") if k in info))
+    head.add_row("batch invariance", batch_invariance_text(artifact))
     console.print(head)
     io = Table(title="inputs / outputs")
     for col in ("", "name", "dtype", "shape"):
         io.add_column(col)
     for spec in artifact.inputs:
-        io.add_row("in", spec["name"], spec["dtype"], str(spec["shape"]))
+        io.add_row("in", spec["name"], str(spec.get("dtype", "")), str(spec.get("shape", "")))
     for spec in artifact.outputs:
-        io.add_row("out", spec["name"], spec["dtype"], str(spec["shape"]))
+        io.add_row("out", spec["name"], str(spec.get("dtype", "")), str(spec.get("shape", "")))
     console.print(io)
     tree = Tree("lineage (oldest first)")
     for step in artifact.history():
@@ -55,6 +56,18 @@ def render(artifact, console) -> None:
     console.print(ops)
     if m.get("validation"):
         console.print("validation: " + ", ".join(sorted(m["validation"])))
+
+
+def batch_invariance_text(artifact) -> str:
+    """Whether a text's output depends on what it is batched with, with the measured figure when there is one."""
+    info = artifact.batch_invariance()
+    if not info:
+        return "not measured (run 'bertopt validate' to measure batch_dev)"
+    dev = info.get("batch_dev")
+    figure = f"batch_dev {dev:.3g} (1 - cosine, alone vs batches of " \
+             f"{'/'.join(map(str, info.get('batch_sizes') or []))}), bound {info.get('bound', 1e-4):g}" \
+        if isinstance(dev, (int, float)) else info.get("why", "declared by the stage that made it")
+    return ("batch-invariant: " if info.get("invariant") else "BATCH-DEPENDENT: ") + figure
 
 
 def _short(params: dict[str, Any]) -> str:

@@ -24,6 +24,9 @@ class Param:
     help: str
     choices: Sequence[str] | None = None
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)  # returns an error or None
+    min: float | None = None  # numeric bounds (inclusive), checked wherever the value comes from
+    max: float | None = None
+    file: bool = False  # names an input file: a recipe checks it exists before its first stage runs
 
     @property
     def cli_flag(self) -> str:
@@ -41,7 +44,8 @@ class Param:
         """This parameter as an option of a hand-written Typer command (its default, flag and help)."""
         import typer
 
-        return typer.Option(self.default, flag or self.cli_flag, *aliases, help=self.cli_help)
+        bounds = {k: v for k, v in (("min", self.min), ("max", self.max)) if v is not None}
+        return typer.Option(self.default, flag or self.cli_flag, *aliases, help=self.cli_help, **bounds)
 
     def coerce(self, value: Any, where: str) -> Any:
         if value is None:
@@ -83,6 +87,14 @@ class Param:
         return self._checked(out, where)
 
     def _checked(self, value: Any, where: str) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value != value:  # NaN passes every comparison
+                raise UserError(f"{where}: '{self.name}' must be a number, got nan")
+            low, high = self.min, self.max
+            if (low is not None and value < low) or (high is not None and value > high):
+                span = (f"between {low:g} and {high:g}" if low is not None and high is not None
+                        else f"at least {low:g}" if low is not None else f"at most {high:g}")
+                raise UserError(f"{where}: '{self.name}' must be {span}, got {value:g}")
         if self.check is not None:
             problem = self.check(value)
             if problem:
@@ -113,18 +125,15 @@ def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
     return out
 
 
-def _positive(value) -> str | None:
-    return None if value >= 1 else "must be at least 1"
-
-
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 PROVIDER = Param("provider", str, "auto", "Execution provider (auto: CUDA when the runtime has it, else CPU).",
                  choices=PROVIDERS)
-THREADS = Param("threads", int, None, "CPU threads per model session (default: every core this process may use).")
+THREADS = Param("threads", int, None, "CPU threads per model session (default: every core this process may use).",
+                min=1)
 BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "
-                   "first).", check=_positive)
+                   "first).", min=1)
 MAX_SEQ_LEN = Param("max_seq_len", int, None, "Truncate texts to this many tokens (default: the artifact's).",
-                    check=_positive)
+                    min=1)
 RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
                 "(onnxruntime, openvino, tensorflow).")
 
@@ -148,3 +157,14 @@ def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where:
         value = normalised.get(p.name, p.default)
         config[p.name] = p.coerce(value, where) if value is not None else None
     return config
+
+
+def check_input_files(params: Sequence[Param], config: dict[str, Any], where: str) -> None:
+    """Every parameter that names an input file must name one that exists (checked before any work)."""
+    from pathlib import Path
+
+    for p in params:
+        value = config.get(p.name)
+        if p.file and value and value != "builtin" and not Path(str(value)).is_file():
+            what = "a folder" if Path(str(value)).is_dir() else "not found"
+            raise UserError(f"{where}: '{p.name}' file {value} is {what}; give an existing file")

@@ -1,6 +1,6 @@
 """Recipes: a source model, a list of stages with parameters, and a ``validate:`` section, in YAML.
 
-    name: minilm-int8-cpu
+    name: minilm-fastest-cpu
     model: builtin:minilm
     stages:
       - export: {opset: 17}
@@ -23,7 +23,7 @@ from bertopt.errors import UserError
 from bertopt.params import resolve_config
 
 RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate")
-DEFAULT_RECIPE = "minilm-int8-cpu"
+DEFAULT_RECIPE = "minilm-fastest-cpu"  # faithful and batch-invariant (benchmarks/default_candidates.py)
 
 
 @dataclass
@@ -130,6 +130,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
         recipe = load_recipe(find_recipe(recipe))
     source_spec = model or recipe.model
     base = Path(out or recipe.out or Path("artifacts")) / recipe.name
+    check_recipe(recipe, base)  # the whole recipe, before its first stage writes anything
     result = RecipeResult(recipe)
     current = resolve_input(source_spec)
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
@@ -156,3 +157,26 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
     if progress:
         progress("done", total, total)
     return result
+
+
+def check_recipe(recipe: Recipe, base: Path) -> None:
+    """Everything about a recipe that can be wrong before it runs: every file a stage or the gate reads exists,
+    each stage's own pre-flight checks pass, and the output folder can be written. A recipe that would fail in
+    its third stage fails here instead, leaving nothing behind."""
+    from bertopt.errors import check_writable
+    from bertopt.params import check_input_files
+    from bertopt.registry import get_stage, preflight_stage
+    from bertopt.validate.params import VALIDATE_PARAMS
+
+    where = str(recipe.path or recipe.name)
+    for i, (name, config) in enumerate(recipe.stages):
+        preflight_stage(get_stage(name), config, f"{where}: stages[{i}] {name}")
+    if recipe.validate:
+        check_input_files(VALIDATE_PARAMS, recipe.validate, f"{where}: validate")
+        from bertopt.validate.data import load_texts
+
+        # reading the data now also catches a file with no real text or a missing column
+        load_texts(recipe.validate["data"], recipe.validate["text_column"], recipe.validate["text_pair_column"],
+                   recipe.validate["label_column"])
+    check_writable(base, "--out")
+

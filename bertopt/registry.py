@@ -48,9 +48,22 @@ def resolve_input(value: Any):
     return resolve_source(str(value))
 
 
+def preflight_stage(stage: ModuleType, config: dict[str, Any], where: str) -> None:
+    """A stage's model-free checks (input files named by its parameters, its own ``preflight``)."""
+    from bertopt.params import check_input_files
+
+    check_input_files(stage.PARAMS, config, where)
+    if hasattr(stage, "preflight"):
+        stage.preflight(config, where)
+
+
 def run_stage(name: str, input: Any, config: dict[str, Any] | None, out_dir: str | os.PathLike,
               overwrite: bool = False):
     """Run one stage by name: resolve the input, check the config, write a new artifact."""
+    from bertopt.errors import check_writable
+
     stage = get_stage(name)
     cfg = resolve_config(stage.PARAMS, config, where=f"stage '{name}'")
+    preflight_stage(stage, cfg, f"stage '{name}'")
+    check_writable(out_dir, "--out")
     return stage.run(resolve_input(input), cfg, Path(out_dir), overwrite=overwrite)

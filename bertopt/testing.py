@@ -83,3 +83,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def batch_compositions(texts: list[str], seed: int = 0) -> list[list[int]]:
+    """The same texts cut into other batches, as lists of indices into ``texts``: one at a time, in shuffled
+    groups of 7 (other neighbours, other padding) and 32 at a time in order."""
+    import random
+
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    return ([[i] for i in range(len(texts))] + [order[s:s + 7] for s in range(0, len(order), 7)]
+            + [list(range(s, min(s + 32, len(texts)))) for s in range(0, len(texts), 32)])

@@ -92,3 +92,13 @@ def run_cli(args: list[str], capsys=None) -> tuple[int, str, str]:
 def cli(capsys):
     return lambda *args: run_cli(list(args), capsys)
 
+
+
+@pytest.fixture(scope="session")
+def default_artifact(tmp_path_factory):
+    """The final artifact of the default recipe (what ``make demo`` builds), stages only."""
+    from bertopt.recipes import DEFAULT_RECIPE, load_recipe, run_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / f"{DEFAULT_RECIPE}.yaml")
+    return run_recipe(recipe, out=tmp_path_factory.mktemp("default"), compare=False, gate=False).final
+

@@ -54,6 +54,7 @@ class BridgeConfig:
     connect_timeout_s: float = 10.0
     flush_timeout_s: float = 60.0
     kafka_config: dict[str, str] = field(default_factory=dict)
+    client_errors: Any = field(default_factory=lambda: _ClientErrors(), repr=False, compare=False)
 
     def check(self) -> None:
         if self.max_batch < 1:
@@ -221,6 +222,36 @@ class ZmqBackend:
 
 
 # -- the bridge ----------------------------------------------------------------------------------------------
+class _LibrdkafkaLog:
+    """librdkafka's own log lines (one per failed connection attempt and broker: hundreds while a cluster is
+    unreachable) go to the ``bertopt.kafka.librdkafka`` logger at DEBUG; the bridge says what matters itself in
+    one line (``check_topics``)."""
+
+    def __init__(self):
+        self.logger = logging.getLogger("bertopt.kafka.librdkafka")
+
+    def log(self, level, fmt, *args):
+        self.logger.debug(fmt, *args)
+
+
+class _ClientErrors:
+    """librdkafka's error callback. Before the bridge runs, ``check_topics`` turns an unreachable cluster into one
+    line, so errors are DEBUG; once it runs, each kind of error is a WARNING the first time it is seen."""
+
+    def __init__(self):
+        self.running = False
+        self.seen: set[str] = set()
+
+    def __call__(self, err) -> None:
+        logger = logging.getLogger("bertopt.kafka.librdkafka")
+        name = err.name() if hasattr(err, "name") else str(err)
+        if self.running and name not in self.seen:
+            self.seen.add(name)
+            logger.warning("Kafka client error: %s (further ones of this kind at DEBUG)", err)
+        else:
+            logger.debug("Kafka client error: %s", err)
+
+
 def kafka_configs(cfg: BridgeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """Consumer and producer configurations: manual offsets, acks from every in-sync replica; ``-X`` wins."""
     consumer = {
@@ -238,6 +269,9 @@ def kafka_configs(cfg: BridgeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "linger.ms": 5,
         "client.id": "bertopt-kafka",
     }
+    for conf in (consumer, producer):
+        conf["logger"] = _LibrdkafkaLog()
+        conf["error_cb"] = cfg.client_errors
     for key, value in cfg.kafka_config.items():
         if key.startswith("consumer."):
             consumer[key[len("consumer."):]] = value
@@ -296,6 +330,7 @@ class KafkaBridge:
         except UserError:
             self.consumer.close()
             raise
+        self.cfg.client_errors.running = True
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

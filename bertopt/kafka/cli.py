@@ -50,9 +50,11 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = THREADS.typer_option(),
         batch_size: int = BATCH_SIZE.typer_option(),
         server: str = typer.Option("127.0.0.1", "--server", help="zmq backend: address of 'bertopt serve'."),
-        port: int = typer.Option(5555, "--port", "-p", help="zmq backend: the server's request port."),
-        port_out: int = typer.Option(5556, "--port-out", help="zmq backend: the server's reply port."),
-        timeout_ms: int = typer.Option(30000, "--timeout-ms", help="zmq backend: give up on a batch after this "
+        port: int = typer.Option(5555, "--port", "-p", min=1, max=65535,
+                                 help="zmq backend: the server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", min=1, max=65535,
+                                     help="zmq backend: the server's reply port."),
+        timeout_ms: int = typer.Option(30000, "--timeout-ms", min=1, help="zmq backend: give up on a batch after this "
                                        "long (the bridge then exits without committing it)."),
         max_texts_per_request: int = typer.Option(256, "--max-texts-per-request", help="A request with more "
                                                   "texts gets an error response (responses must fit in one Kafka "
@@ -66,9 +68,10 @@ def register(app: typer.Typer) -> None:
                                                          "KEY=VALUE for consumer and producer, repeatable, e.g. "
                                                          "-X security.protocol=SASL_SSL; prefix consumer. or "
                                                          "producer. to target one."),
-        stats_interval: float = typer.Option(10.0, "--stats-interval", help="Seconds between counter log lines "
+        stats_interval: float = typer.Option(10.0, "--stats-interval", min=0, help="Seconds between counter log lines "
                                              "(consumed, produced, errors, lag)."),
-        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for the cluster's "
+        connect_timeout: float = typer.Option(10.0, "--connect-timeout", min=0.001,
+                                              help="Seconds to wait for the cluster's "
                                               "metadata at start-up before giving up."),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     ) -> None:
@@ -89,6 +92,11 @@ def register(app: typer.Typer) -> None:
                            connect_timeout_s=connect_timeout,
                            kafka_config=parse_kafka_options(kafka_option or []))
         cfg.check()
+        from bertopt.artifact import Artifact
+
+        warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
+        if warning:
+            typer.echo(warning, err=True)
         if backend == "local":
             from bertopt.kafka.bridge import LocalBackend
 

@@ -62,13 +62,14 @@ def register(app: typer.Typer) -> None:
     def serve_command(
         artifact: Optional[Path] = typer.Argument(None, help="Artifact folder to serve (not needed with --status "
                                                   "or --make-curve-keys).", show_default=False),
-        port: int = typer.Option(5555, "--port", "-p", help="Port clients push requests to."),
-        port_out: int = typer.Option(5556, "--port-out", help="Port clients subscribe to for replies."),
-        num_worker: int = typer.Option(1, "--num-worker", "-n", help="Worker processes, each with one runtime "
+        port: int = typer.Option(5555, "--port", "-p", min=1, max=65535, help="Port clients push requests to."),
+        port_out: int = typer.Option(5556, "--port-out", min=1, max=65535,
+                                     help="Port clients subscribe to for replies."),
+        num_worker: int = typer.Option(1, "--num-worker", "-n", min=1, help="Worker processes, each with one runtime "
                                        "session; on CPU the cores are split between them."),
-        max_batch_size: int = typer.Option(256, "--max-batch-size", help="Largest mini-job: bigger requests are "
+        max_batch_size: int = typer.Option(256, "--max-batch-size", min=1, help="Largest mini-job: bigger requests are "
                                            "split into mini-jobs of at most this many texts."),
-        priority_batch_size: int = typer.Option(16, "--priority-batch-size", help="Requests of at most this "
+        priority_batch_size: int = typer.Option(16, "--priority-batch-size", min=0, help="Requests of at most this "
                                                 "many texts go to the priority lane and never wait behind "
                                                 "large requests (0 disables it)."),
         max_seq_len: Optional[int] = MAX_SEQ_LEN.typer_option(),
@@ -77,11 +78,11 @@ def register(app: typer.Typer) -> None:
         bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on; 0.0.0.0 exposes the "
                                  "server to the network (consider --curve-keys)."),
         provider: str = PROVIDER.typer_option(),
-        threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="Threads per "
+        threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", min=1, help="Threads per "
                                                          "worker (default: cores // workers, at least 1)."),
-        max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Larger requests get an "
+        max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", min=1, help="Larger requests get an "
                                               "error reply asking to split them."),
-        grace: float = typer.Option(60.0, "--grace", help="Seconds to finish in-flight requests on SIGTERM."),
+        grace: float = typer.Option(60.0, "--grace", min=0, help="Seconds to finish in-flight requests on SIGTERM."),
         curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Folder with server.key_secret and "
                                                  "authorized/*.key: CurveZMQ encryption + client "
                                                  "authentication (make one with --make-curve-keys)."),
@@ -91,7 +92,8 @@ def register(app: typer.Typer) -> None:
                                     "--port-out for its configuration and counters."),
         ip: str = typer.Option("127.0.0.1", "--ip", help="With --status: the server's address."),
         as_json: bool = typer.Option(False, "--json", help="With --status: print raw JSON."),
-        timeout: float = typer.Option(10.0, "--timeout", help="With --status: seconds to wait for the server."),
+        timeout: float = typer.Option(10.0, "--timeout", min=0.001,
+                                      help="With --status: seconds to wait for the server."),
     ) -> None:
         """Serve an artifact over ZeroMQ (bert-as-service compatible: BertClient works unchanged).
 
@@ -115,8 +117,12 @@ def register(app: typer.Typer) -> None:
             return
         if artifact is None:
             raise UserError("missing ARTIFACT; give the artifact folder to serve (or --status to query a server)")
+        from bertopt.artifact import Artifact
         from bertopt.serve.server import ServeConfig, serve
 
+        warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
+        if warning:
+            typer.echo(warning, err=True)
         cfg = ServeConfig(artifact=str(artifact), port=port, port_out=port_out, bind=bind, num_worker=num_worker,
                           max_batch_size=max_batch_size, priority_batch_size=priority_batch_size,
                           max_seq_len=max_seq_len, device_map=_device_map(device_map), provider=provider,
@@ -134,9 +140,9 @@ def register(app: typer.Typer) -> None:
     def client_encode(
         texts: List[str] = typer.Argument(..., help="Texts to encode.", show_default=False),
         ip: str = typer.Option("127.0.0.1", "--ip", help=_ADDR_HELP),
-        port: int = typer.Option(5555, "--port", "-p", help="The server's request port."),
-        port_out: int = typer.Option(5556, "--port-out", help="The server's reply port."),
-        timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the reply."),
+        port: int = typer.Option(5555, "--port", "-p", min=1, max=65535, help="The server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", min=1, max=65535, help="The server's reply port."),
+        timeout: float = typer.Option(30.0, "--timeout", min=0.001, help="Seconds to wait for the reply."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the (n, d) float32 array as .npy."),
         as_json: bool = typer.Option(False, "--json", help="Print the full vectors as JSON."),
         curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Key folder for a CurveZMQ server."),
@@ -164,9 +170,9 @@ def register(app: typer.Typer) -> None:
     @client_app.command("status")
     def client_status(
         ip: str = typer.Option("127.0.0.1", "--ip", help=_ADDR_HELP),
-        port: int = typer.Option(5555, "--port", "-p", help="The server's request port."),
-        port_out: int = typer.Option(5556, "--port-out", help="The server's reply port."),
-        timeout: float = typer.Option(10.0, "--timeout", help="Seconds to wait for the reply."),
+        port: int = typer.Option(5555, "--port", "-p", min=1, max=65535, help="The server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", min=1, max=65535, help="The server's reply port."),
+        timeout: float = typer.Option(10.0, "--timeout", min=0.001, help="Seconds to wait for the reply."),
         as_json: bool = typer.Option(False, "--json", help="Print raw JSON."),
         curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Key folder for a CurveZMQ server."),
     ) -> None:

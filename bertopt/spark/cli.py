@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
                                                "models."),
         master: str = typer.Option("local[2]", "--master", help="Spark master URL: local[N] runs N tasks in this "
                                    "machine; spark://host:7077, yarn, k8s://... for a cluster."),
-        partitions: Optional[int] = typer.Option(None, "--partitions", help="Repartition the input into N parts "
+        partitions: Optional[int] = typer.Option(None, "--partitions", min=1, help="Repartition the input into N parts "
                                                  "(default: at least one per task slot)."),
         batch_size: int = BATCH_SIZE.typer_option(),
         max_seq_len: Optional[int] = MAX_SEQ_LEN.typer_option(),

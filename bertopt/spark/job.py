@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bertopt.errors import UserError
+from bertopt.errors import UserError, check_writable
 
 FORMATS = ("auto", "parquet", "csv", "text")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -70,6 +71,55 @@ def read_input(spark, path: str, fmt: str, text_col: str):
         raise UserError(f"cannot read {path} as {fmt}: {spark_error_summary(exc)}; check the file or pass "
                         "--format") from None
     return df
+
+
+def local_columns(path: str, fmt: str, text_col: str) -> list[str] | None:
+    """The column names of a local input, read without Spark (Parquet footers, the CSV header line), so a
+    missing input or column fails in a second instead of after Spark's start-up. None: not checkable here
+    (a URL; a text file, whose one column is named by --text-col)."""
+    if _has_scheme(path):
+        return None
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"input {path} does not exist; give a Parquet, CSV or text file (or a folder of them)")
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file()
+                                           and not f.name.startswith(("_", ".")))
+    if not files:
+        raise UserError(f"input folder {path} holds no data files; give a Parquet, CSV or text file")
+    if fmt == "text":
+        return [text_col]
+    first = files[0]
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(str(first)).names)
+        if fmt == "csv":
+            import csv
+
+            with open(first, newline="", encoding="utf-8-sig") as fh:
+                header = next(csv.reader(fh), None)
+            if not header:
+                raise UserError(f"input {first} is empty; a CSV input needs a header line naming its columns")
+            return [h.strip() for h in header]
+    except UserError:
+        raise
+    except UnicodeDecodeError:
+        raise UserError(f"input {first} is not UTF-8 text; re-save it as UTF-8 or pass --format") from None
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for a damaged or foreign file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot read {first} as {fmt}: {first_line}; check the file or pass --format") from None
+    return None
+
+
+def check_local_input(path: str, fmt: str, text_col: str, pair_col: str | None) -> None:
+    columns = local_columns(path, fmt, text_col)
+    if columns is None:
+        return
+    for name, flag in ((text_col, "--text-col"), (pair_col, "--pair-col")):
+        if name is not None and name not in columns:
+            raise UserError(f"input {path} has no column '{name}' (columns: {', '.join(columns)}); pass "
+                            f"{flag} NAME")
 
 
 def spark_error_summary(exc: BaseException) -> str:
@@ -131,6 +181,11 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
         raise UserError(f"output {output} already exists; choose another --output or pass --force to replace it")
     fmt = detect_format(input, fmt)
     art = Artifact.load(artifact)
+    warning = art.batch_dependence_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
+    check_writable(out_path, "--output")
     resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
 
     t0 = time.perf_counter()

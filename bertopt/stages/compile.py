@@ -26,10 +26,6 @@ HELP = ("Pick the runtime (openvino or onnxruntime) and its execution precision 
 RUNTIMES = ("openvino", "onnxruntime")
 
 
-def _cosine_ok(value: float) -> str | None:
-    return None if 0.0 <= value <= 1.0 else "must be between 0 and 1"
-
-
 PARAMS = [
     Param("runtime", str, "openvino", "Backend the artifact is served with.", choices=RUNTIMES),
     Param("inference_precision", str, "bf16", "OpenVINO: precision of floating-point compute (bf16 uses "
@@ -38,7 +34,7 @@ PARAMS = [
     Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread, for synchronous "
           "batches) or THROUGHPUT (several streams).", choices=("LATENCY", "THROUGHPUT")),
     Param("min_cosine", float, 0.999, "Refuse to write the artifact if any sentence embedding's cosine to the "
-          "input artifact's falls below this on the built-in corpus.", check=_cosine_ok),
+          "input artifact's falls below this on the built-in corpus.", min=0.0, max=1.0),
 ]
 
 # ONNX Runtime's fused operators (domain com.microsoft) that OpenVINO's ONNX frontend cannot read.

@@ -29,9 +29,9 @@ PARAMS = [
     Param("pooling", str, "auto", "Sentence pooling inside the graph: auto (the model's own sentence-transformers "
           "pooling, else mean), mean, cls, max or none.", choices=("auto", "mean", "cls", "max", "none")),
     Param("max_seq_len", int, None, "Default max tokens per text recorded for the runtime "
-          "(default: the model's own setting)."),
+          "(default: the model's own setting).", min=1),
     Param("check_tolerance", float, 1e-4, "Max abs difference allowed between the exported model and the "
-          "original on real sentences; the export fails above it."),
+          "original on real sentences; the export fails above it.", min=0),
     Param("tokenizer", str, None, "Tokenizer folder for an ONNX file input (default: the file's folder)."),
 ]
 

@@ -19,8 +19,9 @@ NAME = "freeze"
 HELP = "Fold a TensorFlow model's variables into constants: SavedModel/.keras/Google checkpoint -> GraphDef."
 PARAMS = [
     Param("signature", str, "serving_default", "SavedModel signature to freeze."),
-    Param("max_seq_len", int, None, "Default max tokens per text recorded for the runtime."),
-    Param("check_tolerance", float, 1e-6, "Max abs difference allowed between frozen graph and the source model."),
+    Param("max_seq_len", int, None, "Default max tokens per text recorded for the runtime.", min=1),
+    Param("check_tolerance", float, 1e-6, "Max abs difference allowed between frozen graph and the source model.",
+          min=0),
     Param("pooling", str, "mean", "Google checkpoint only: sentence pooling added after the encoder "
           "(bert-as-service's default is mean).", choices=("mean", "cls", "max", "none")),
 ]

@@ -14,7 +14,7 @@ PARAMS = [
     Param("opt_level", int, 1, "ONNX Runtime graph optimisation level applied after fusion (0, 1, 2 or 99); "
           "1 keeps the model portable across execution providers.", check=lambda v: None if v in (0, 1, 2, 99)
           else "must be 0, 1, 2 or 99"),
-    Param("check_tolerance", float, 1e-4, "Max abs difference allowed against the input artifact."),
+    Param("check_tolerance", float, 1e-4, "Max abs difference allowed against the input artifact.", min=0),
 ]
 
 

@@ -16,7 +16,7 @@ NAME = "prune"
 HELP = "Remove everything the chosen outputs do not need; fold constants; report counts before/after."
 PARAMS = [
     Param("outputs", list, None, "Outputs to keep, comma-separated (default: all), e.g. sentence_embedding."),
-    Param("check_tolerance", float, 1e-5, "Max abs difference allowed against the input artifact."),
+    Param("check_tolerance", float, 1e-5, "Max abs difference allowed against the input artifact.", min=0),
 ]
 # A constant larger than this is not folded (folding would duplicate big weights).
 _MAX_FOLD_ELEMENTS = 1 << 22

@@ -48,19 +48,18 @@ PARAMS = [
           "--runtime openvino: weight MatMuls, and Gather for the embedding tables)."),
     Param("exclude_nodes", list, [], "Node names to keep in fp32 (int8) or fp32 islands (fp16)."),
     Param("calibration_data", str, None, "int8-static: a text file, one sentence a line "
-          "(default: bertopt's built-in calibration text)."),
+          "(default: bertopt's built-in calibration text).", file=True),
     Param("calibration_method", str, "minmax", "int8-static: how activation ranges are chosen.",
           choices=CALIBRATION_METHODS),
-    Param("calibration_size", int, 128, "int8-static: how many calibration sentences to use."),
+    Param("calibration_size", int, 128, "int8-static: how many calibration sentences to use.", min=1),
     Param("accuracy_target", str, None, "Keep the most sensitive operators in fp32 until the target holds, "
           "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=lambda v: _target_ok(v)),
     Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
-          "fp32 per search step (smaller: fewer kept, more steps).", check=lambda v: None if v >= 1
-          else "must be at least 1"),
+          "fp32 per search step (smaller: fewer kept, more steps).", min=1),
     Param("smooth_alpha", float, None, "int8: SmoothQuant-style smoothing strength (0-1, e.g. 0.5): activation "
           "outlier channels measured on the calibration text are divided out and folded into the weight rows "
           "before quantising (same function in fp32). Default: off.",
-          check=lambda v: None if 0.0 <= v <= 1.0 else "must be between 0 and 1"),
+          min=0.0, max=1.0),
     Param("smooth_roles", list, ["attention", "ffn-in"], "int8 with --smooth-alpha: which operators to smooth: "
           "attention (fused QKV), ffn-in, ffn-out (the GELU-fed down-projection), other (unfused QKV, "
           "attention output)."),
@@ -79,14 +78,24 @@ PARAMS = [
           choices=INT8_RUNTIMES),
     Param("activation_group_size", int, 32, "int8 with --runtime openvino: channels per activation scale (each "
           "token's activations are quantised to int8 in groups this wide inside the MatMul); 0 keeps activations "
-          "in the float precision (weights-only int8).",
-          check=lambda v: None if v >= 0 else "must be 0 (off) or a positive channel count"),
+          "in the float precision (weights-only int8).", min=0),
     _compile_param("inference_precision"),
     THREADS,
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
 ]
+
+
+def preflight(config: dict[str, Any], where: str) -> None:
+    """Checks that need no model, run before any stage of a recipe (or this stage's own work) starts."""
+    if config.get("calibration_data"):
+        from bertopt.validate.data import load_texts
+
+        try:
+            load_texts(config["calibration_data"])
+        except UserError as exc:
+            raise UserError(f"{where}: calibration_data: {exc}") from None
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):

@@ -85,6 +85,15 @@ class TextCalibrationReader:
         self._it = iter(self.batches)
 
 
+def declared_batch_dependence(config) -> dict | None:
+    """ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so a text's output depends on
+    its neighbours: said in the manifest when the artifact is made (``validate`` replaces it with a figure)."""
+    if config["mode"] != "int8-dynamic":
+        return None
+    return {"invariant": False, "batch_dev": None, "measured_by": None,
+            "why": "ONNX Runtime dynamic int8: one activation scale per batch matrix"}
+
+
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
@@ -114,6 +123,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         raise UserError(f"{art.path} has no {'/'.join(op_types)} operators with weights to quantise; "
                         "check --op-types")
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        if declared_batch_dependence(config):
+            w.extra["batch_invariance"] = declared_batch_dependence(config)
         w.copy_tokenizer(art)
         with tempfile.TemporaryDirectory(prefix="bertopt-q-") as tmp:
             src = Path(tmp) / "in.onnx"
@@ -171,6 +182,8 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
                         "check --op-types")
     predictor = Predictor(art, provider="cpu", threads=config.get("threads"), verify=False) if static else None
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        if declared_batch_dependence(config):
+            w.extra["batch_invariance"] = declared_batch_dependence(config)
         w.copy_tokenizer(art)
         with tempfile.TemporaryDirectory(prefix="bertopt-aaq-") as tmp:
             tmp = Path(tmp)

@@ -11,6 +11,7 @@ The lineage source of a frozen graph is the TensorFlow model itself (for a tf-sa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import tensorflow as tf
@@ -130,5 +131,15 @@ def _max_abs_diff_vs_source(writer, model) -> float:
     source_pred = Predictor(spec, max_seq_len=frozen_pred.max_seq_len)
     names = frozen_pred.output_names
     kinds = output_kinds(model.outputs)
-    return worst_abs_diff(compare_runs(frozen_pred.run(texts, outputs=names), source_pred.run(texts, outputs=names),
-                                       kinds))
+    try:
+        got = frozen_pred.run(texts, outputs=names)
+    except UserError:
+        raise
+    except Exception as exc:  # TensorFlow's InvalidArgumentError from a position lookup past the table
+        found = re.search(r"not in \[0, (\d+)\)", str(exc))
+        if not found:
+            raise
+        raise UserError(f"{model.description} has only {found.group(1)} positions but texts of up to "
+                        f"{frozen_pred.max_seq_len} tokens were fed (no config.json says its limit); pass "
+                        f"--max-seq-len {found.group(1)} or less") from None
+    return worst_abs_diff(compare_runs(got, source_pred.run(texts, outputs=names), kinds))

@@ -51,9 +51,31 @@ def open_tf_model(input, *, signature: str = "serving_default", pooling: str | N
         model = _open_checkpoint(input.path, pooling)
     else:
         raise UserError(f"{input.path} is a {input.kind} model, not a TensorFlow one")
-    if max_seq_len:
-        model.model_info["max_seq_len"] = max_seq_len
+    apply_position_limit(model, max_seq_len)
     return model
+
+
+def position_limit(model: TFModel) -> int | None:
+    """Rows of the model's absolute position table (a rank-2 variable named like ``position_embeddings``), read
+    from the graph's variables: a foreign SavedModel has no config saying how many positions it has."""
+    fn = model.function.concrete if hasattr(model.function, "concrete") else model.function
+    sizes = [int(v.shape[0]) for v in getattr(fn, "variables", ())
+             if "position" in v.name.lower() and len(v.shape) == 2 and v.shape[0] is not None]
+    return min(sizes) if sizes else None
+
+
+def apply_position_limit(model: TFModel, max_seq_len: int | None) -> None:
+    """Record the real position limit (read from the graph) and refuse a --max-seq-len beyond it."""
+    limit = position_limit(model)
+    info = model.model_info
+    if limit is not None:
+        info["max_position_embeddings"] = limit
+        info["max_seq_len"] = min(int(info.get("max_seq_len") or limit), limit)
+        if max_seq_len and max_seq_len > limit:
+            raise UserError(f"--max-seq-len {max_seq_len} exceeds the {limit} positions of {model.description}'s "
+                            f"position table; use --max-seq-len {limit} or less")
+    if max_seq_len:
+        info["max_seq_len"] = max_seq_len
 
 
 def _check_matches_manifest(model: TFModel, art) -> None:

@@ -68,7 +68,7 @@ def compare_output(name: str, kind: str, got, ref, atol: float = 1e-3, rtol: flo
         "atol": atol,
         "rtol": rtol,
     }
-    if kind in ("embedding", "token", "logits") and g.ndim == 2 and g.shape[0]:
+    if kind in ("embedding", "token", "logits", "token-logits", "sparse") and g.ndim == 2 and g.shape[0]:
         cos = cosine_rows(g, r)
         stats.update({"cos_mean": float(cos.mean()), "cos_p01": float(np.quantile(cos, 0.01)),
                       "cos_min": float(cos.min())})

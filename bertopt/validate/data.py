@@ -72,6 +72,7 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
         lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         if not any(line.strip() for line in lines):
             raise UserError(f"{file} has no text (empty file); write one input a line")
+        _require_real_text(file, lines)
         return Dataset(lines, source=str(file))
     if suffix in JSONL_SUFFIXES:
         rows = _read_jsonl(file)
@@ -92,6 +93,7 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
             raise UserError(f"{file} has no column '{name}'" + (f" in row {row_no}" if row_no > 1 else "")
                             + f" (columns: {', '.join(map(str, columns))}); pass {flag} NAME")
     texts = _text_column(file, rows, text_column)
+    _require_real_text(file, texts)
     pairs = _text_column(file, rows, text_pair_column) if text_pair_column else None
     labels = [row[label_column] for row in rows] if label_column else None
     if labels is not None:
@@ -100,6 +102,17 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
             raise UserError(f"{file}: row {missing[0]} has no label in column '{label_column}'; "
                             "fill it or drop the row")
     return Dataset(texts, pairs, labels, source=str(file))
+
+
+def has_real_text(text: str) -> bool:
+    """At least one visible character: control bytes (NUL, ...) and whitespace alone are no text."""
+    return any(ch.isprintable() and not ch.isspace() for ch in text)
+
+
+def _require_real_text(file: Path, texts: list[str]) -> None:
+    if not any(has_real_text(t) for t in texts):
+        raise UserError(f"{file} holds no real text (only control bytes or whitespace, e.g. NUL bytes); give a "
+                        "file of text inputs")
 
 
 def _read_text(file: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accurac
 LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
                    "latency_p99_ms")
 SPARK_METRICS = ("spark_max_abs_diff",)
+BATCH_METRICS = ("batch_dev",)
 SPARK_TOLERANCE = 1e-5
 
 
@@ -87,8 +89,16 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
             if not config["spark"]:
                 raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
             continue
-        raise UserError(f"unknown metric '{t.metric}' in targets; known: "
-                        + ", ".join(PER_OUTPUT_METRICS + (qkey,) + TASK_METRICS + LATENCY_METRICS + SPARK_METRICS))
+        if base in BATCH_METRICS:
+            if not config["batch_check"]:
+                raise UserError(f"target '{t.metric}' needs the batch-invariance check; drop --no-batch-check")
+            continue
+        raise UserError(f"unknown metric '{t.metric}' in targets; known: " + ", ".join(known_metrics(qkey)))
+
+
+def known_metrics(quantile_key: str = "abs_err_p99") -> tuple[str, ...]:
+    return (PER_OUTPUT_METRICS + (quantile_key,) + TASK_METRICS + LATENCY_METRICS + SPARK_METRICS
+            + BATCH_METRICS)
 
 
 def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:
@@ -158,33 +168,70 @@ def _spark_check(artifact, data, config):
                                    pairs=data.pairs)
 
 
-def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
-                      console=None) -> dict[str, Any]:
-    """Gate ``artifact`` against its reference with thresholds from ``config`` (``VALIDATE_PARAMS``)."""
+# What ``validate`` gates when no --targets are given, by the kind of the primary output: a faithful artifact
+# passes these, an unfaithful one fails them (NaN/Inf is checked for every output in any case).
+DEFAULT_TARGETS = {
+    "embedding": "cos_min>=0.99,neighbour_agreement_at_10>=0.9",
+    "token": "cos_min>=0.99",
+    "logits": "top1_agreement>=0.99,cos_min>=0.99",
+    "token-logits": "cos_min>=0.99",
+    "sparse": "cos_min>=0.99",
+    "score": "max_abs<=0.05",
+}
+
+
+def default_targets(kind: str) -> str:
+    return DEFAULT_TARGETS.get(kind, "cos_min>=0.99")
+
+
+@dataclass
+class GatePlan:
+    """Everything a run of the gate needs, checked before any model runs."""
+
+    artifact: Any
+    config: dict[str, Any]
+    report_dir: Path
+    targets: list
+    targets_are_defaults: bool
+    batch_sizes: list[int]
+    seq_lens: list[int]
+    outputs: list[dict[str, Any]]
+    primary: str
+    kinds: dict[str, str]
+    data: Any
+    labels: np.ndarray | None
+
+
+def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
+    """Resolve and check the config, the artifact, the report folder, the targets and the data: every usage
+    problem is a UserError here, before anything is run or written."""
     from bertopt.artifact import Artifact
+    from bertopt.errors import check_writable
     from bertopt.params import resolve_config
     from bertopt.validate.data import load_texts
     from bertopt.validate.params import VALIDATE_PARAMS
-    from bertopt.validate.targets import Target, parse_targets
+    from bertopt.validate.targets import parse_targets
 
-    t_start = time.perf_counter()
     config = resolve_config(VALIDATE_PARAMS, config, "validate")
     if not isinstance(artifact, Artifact):
         artifact = Artifact.load(artifact)
     report_dir = Path(report_dir).absolute()
     _prepare_report_dir(report_dir)
-
-    # -- everything a user can get wrong is checked before any model runs --------------------------------
-    targets = parse_targets(config["targets"])
+    check_writable(report_dir, "--report-dir")
+    outputs = artifact.outputs
+    kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
+    primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
+    if primary not in kinds:
+        raise UserError(f"{artifact.path}: primary output '{primary}' is not among the outputs "
+                        f"({', '.join(kinds)}); re-create the artifact")
+    targets_are_defaults = not config["targets"]
+    targets = parse_targets(config["targets"] or default_targets(kinds[primary]))
     batch_sizes = _ints(config["batch_sizes"], "--batch-sizes")
     seq_lens = _ints(config["seq_lens"], "--seq-lens")
     grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
-    outputs = artifact.outputs
-    primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
     check_target_metrics(targets, outputs, primary, config, grid)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
     data = data.head(config["max_texts"])
-    kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     labels = None
     if config["label_column"]:
         logits = [o for o in outputs if o.get("kind") == "logits"]
@@ -193,77 +240,77 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                             f"{', '.join(f'{k} ({v})' for k, v in kinds.items())}")
         num_classes = int(logits[0]["shape"][-1])
         labels = _label_indices(data.labels, artifact.model_info, num_classes, data.source)
+    return GatePlan(artifact, config, report_dir, targets, targets_are_defaults, batch_sizes, seq_lens, outputs,
+                    primary, kinds, data, labels)
 
-    status = console.status("[bold]validate[/] loading models ...") if console is not None else nullcontext()
-    with status as live:
-        def progress(text: str) -> None:
-            if live is not None:
-                live.update(f"[bold]validate[/] {text}")
 
-        from bertopt.runtime import Predictor
-        from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
-        from bertopt.validate.reference import reference_predictor
+def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
+    """Artifact vs reference on the data: per-output statistics, error distributions (for the plots) and both
+    runs' outputs."""
+    from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
 
-        art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
-                        batch_size=config["batch_size"], verify=False)
-        ref = reference_predictor(artifact, config["reference"], threads=config["threads"],
-                                  batch_size=config["batch_size"])
-        longest = min(art.max_seq_len, ref.max_seq_len)
-        if config["latency"] and max(seq_lens) > longest:
-            raise UserError(f"latency sequence length {max(seq_lens)} exceeds the model's maximum of {longest} "
-                            f"tokens; use --seq-lens with values up to {longest}")
-        names = [n for n in art.output_names if n in ref.output_names]
-        if not names:
-            raise UserError(f"the reference has none of the artifact's outputs ({', '.join(art.output_names)}); "
-                            "name a matching reference with --reference")
-        progress(f"accuracy: artifact on {len(data)} texts")
-        got = art.run(data.texts, data.pairs, outputs=names)
-        progress(f"accuracy: reference ({ref.session.backend}) on {len(data)} texts")
-        want = ref.run(data.texts, data.pairs, outputs=names)
-        accuracy = compare_runs(got, want, kinds, atol=config["atol"], rtol=config["rtol"],
-                                quantile=config["error_quantile"])
-        distributions = {}
-        for name in names:
-            g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
-            err = np.abs(g - r).ravel()
-            if err.size > 200_000:
-                err = np.random.default_rng(0).choice(err, 200_000, replace=False)
-            dist = {"abs_err": err}
-            if kinds.get(name) != "token" and g.ndim == 2 and len(g):
-                dist["cosine"] = cosine_rows(g, r)
-            distributions[name] = dist
+    data, config = plan.data, plan.config
+    got = art.run(data.texts, data.pairs, outputs=names)
+    want = ref.run(data.texts, data.pairs, outputs=names)
+    accuracy = compare_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
+                            quantile=config["error_quantile"])
+    distributions = {}
+    for name in names:
+        g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
+        err = np.abs(g - r).ravel()
+        if err.size > 200_000:
+            err = np.random.default_rng(0).choice(err, 200_000, replace=False)
+        dist = {"abs_err": err}
+        if plan.kinds.get(name) != "token" and g.ndim == 2 and len(g):
+            dist["cosine"] = cosine_rows(g, r)
+        distributions[name] = dist
+    return accuracy, distributions, got, want
 
-        task = None
-        if labels is not None:
-            logit_name = next(o["name"] for o in outputs if o.get("kind") == "logits")
-            num_classes = int(np.asarray(got[logit_name]).shape[-1])
-            mine = task_metrics(np.asarray(got[logit_name]).argmax(1), labels, num_classes)
-            theirs = task_metrics(np.asarray(want[logit_name]).argmax(1), labels, num_classes)
-            task = {"output": logit_name, "labels": len(labels), "artifact": mine, "reference": theirs,
-                    "accuracy_degradation": theirs["accuracy"] - mine["accuracy"],
-                    "f1_degradation": theirs["f1"] - mine["f1"]}
 
-        latency = None
-        if config["latency"]:
-            from bertopt.validate.latency import measure_grid, summarize
+def measure_task(plan: GatePlan, got, want) -> dict[str, Any] | None:
+    """Accuracy and macro F1 of artifact and reference against the labels (classifiers with --label-column)."""
+    if plan.labels is None:
+        return None
+    logit_name = next(o["name"] for o in plan.outputs if o.get("kind") == "logits")
+    num_classes = int(np.asarray(got[logit_name]).shape[-1])
+    mine = task_metrics(np.asarray(got[logit_name]).argmax(1), plan.labels, num_classes)
+    theirs = task_metrics(np.asarray(want[logit_name]).argmax(1), plan.labels, num_classes)
+    return {"output": logit_name, "labels": len(plan.labels), "artifact": mine, "reference": theirs,
+            "accuracy_degradation": theirs["accuracy"] - mine["accuracy"], "f1_degradation": theirs["f1"] - mine["f1"]}
 
-            points = measure_grid({"artifact": art, "reference": ref}, data.texts, batch_sizes, seq_lens,
-                                  warmup=config["warmup"], repeats=config["repeats"], progress=progress)
-            latency = {"grid": points, "metrics": summarize(points), "warmup": config["warmup"],
-                       "repeats": config["repeats"]}
 
-        spark = None
-        if config["spark"]:
-            progress(f"spark ({config['master']})")
-            spark = _spark_check(artifact, data, config)
+def measure_latency(plan: GatePlan, art, ref, progress) -> dict[str, Any] | None:
+    if not plan.config["latency"]:
+        return None
+    from bertopt.validate.latency import measure_grid, summarize
 
-    # -- metrics and checks ---------------------------------------------------------------------------------
+    config = plan.config
+    points = measure_grid({"artifact": art, "reference": ref}, plan.data.texts, plan.batch_sizes, plan.seq_lens,
+                          warmup=config["warmup"], repeats=config["repeats"], progress=progress)
+    return {"grid": points, "metrics": summarize(points), "warmup": config["warmup"], "repeats": config["repeats"]}
+
+
+def measure_batch_invariance(plan: GatePlan, art, names: list[str]) -> dict[str, Any] | None:
+    """The largest deviation of a text alone vs inside other batches (``bertopt.validate.batch``)."""
+    if not plan.config["batch_check"]:
+        return None
+    from bertopt.validate.batch import INVARIANCE_BOUND, batch_deviation
+
+    found = batch_deviation(art, plan.data.texts, plan.data.pairs, outputs=names)
+    found["bound"] = INVARIANCE_BOUND
+    found["invariant"] = bool(found["batch_dev"] <= INVARIANCE_BOUND)
+    return found
+
+
+def collect_metrics(plan: GatePlan, accuracy, task, latency, spark, batch) -> dict[str, float]:
+    """One flat name -> value mapping the targets are checked against (``output.metric`` and, for the primary
+    output, the bare metric name)."""
     metrics: dict[str, float] = {}
     for name, stats in accuracy.items():
         for key, value in stats.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("atol", "rtol"):
                 metrics[f"{name}.{key}"] = float(value)
-                if name == primary:
+                if name == plan.primary:
                     metrics[key] = float(value)
     if task:
         metrics.update({"accuracy": task["artifact"]["accuracy"], "f1": task["artifact"]["f1"],
@@ -274,14 +321,66 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
         metrics.update(latency["metrics"])
     if spark:
         metrics["spark_max_abs_diff"] = float(spark["max_abs_diff"])
+    if batch:
+        metrics["batch_dev"] = float(batch["outputs"].get(plan.primary, {}).get("batch_dev", batch["batch_dev"]))
+        for name, found in batch["outputs"].items():
+            metrics[f"{name}.batch_dev"] = float(found["batch_dev"])
+    return metrics
 
-    checks = []
-    for name in names:
-        checks.append(_check(f"{name}: no NaN/Inf", Target(f"{name}.nan_or_inf", "<=", 0), metrics))
-    for t in targets:
-        checks.append(_check(str(t), t, metrics))
+
+def gate_checks(plan: GatePlan, names: list[str], metrics: dict[str, float], spark) -> list[dict[str, Any]]:
+    from bertopt.validate.targets import Target
+
+    checks = [_check(f"{name}: no NaN/Inf", Target(f"{name}.nan_or_inf", "<=", 0), metrics) for name in names]
+    suffix = " (default)" if plan.targets_are_defaults else ""
+    checks += [_check(f"{t}{suffix}", t, metrics) for t in plan.targets]
     if spark:
         checks.append(_check("spark_matches_runtime", Target("spark_max_abs_diff", "<=", SPARK_TOLERANCE), metrics))
+    return checks
+
+
+def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
+                      console=None) -> dict[str, Any]:
+    """Gate ``artifact`` against its reference with thresholds from ``config`` (``VALIDATE_PARAMS``; without
+    targets, ``DEFAULT_TARGETS`` for the kind of the primary output)."""
+    t_start = time.perf_counter()
+    plan = plan_gate(artifact, config, report_dir)
+    artifact, config = plan.artifact, plan.config
+
+    status = console.status("[bold]validate[/] loading models ...") if console is not None else nullcontext()
+    with status as live:
+        def progress(text: str) -> None:
+            if live is not None:
+                live.update(f"[bold]validate[/] {text}")
+
+        from bertopt.runtime import Predictor
+        from bertopt.validate.reference import reference_predictor
+
+        art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
+                        batch_size=config["batch_size"], verify=False)
+        ref = reference_predictor(artifact, config["reference"], threads=config["threads"],
+                                  batch_size=config["batch_size"])
+        longest = min(art.max_seq_len, ref.max_seq_len)
+        if config["latency"] and max(plan.seq_lens) > longest:
+            raise UserError(f"latency sequence length {max(plan.seq_lens)} exceeds the model's maximum of "
+                            f"{longest} tokens; use --seq-lens with values up to {longest}")
+        names = [n for n in art.output_names if n in ref.output_names]
+        if not names:
+            raise UserError(f"the reference has none of the artifact's outputs ({', '.join(art.output_names)}); "
+                            "name a matching reference with --reference")
+        progress(f"accuracy: artifact and reference ({ref.session.backend}) on {len(plan.data)} texts")
+        accuracy, distributions, got, want = measure_accuracy(plan, art, ref, names)
+        task = measure_task(plan, got, want)
+        progress("batch invariance: texts alone vs inside other batches")
+        batch = measure_batch_invariance(plan, art, names)
+        latency = measure_latency(plan, art, ref, progress)
+        spark = None
+        if config["spark"]:
+            progress(f"spark ({config['master']})")
+            spark = _spark_check(artifact, plan.data, config)
+
+    metrics = collect_metrics(plan, accuracy, task, latency, spark, batch)
+    checks = gate_checks(plan, names, metrics, spark)
     passed = all(c["passed"] for c in checks)
 
     from bertopt.records import machine_info
@@ -289,36 +388,51 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
 
     result: dict[str, Any] = {
         "passed": passed,
-        "report_dir": str(report_dir),
+        "report_dir": str(plan.report_dir),
         "checks": checks,
+        "default_targets": ",".join(str(t) for t in plan.targets) if plan.targets_are_defaults else None,
         "artifact": {**art.describe(), "path": str(artifact.path), "model_format": artifact.model_format,
                      "size_bytes": artifact.size_bytes(), "stages": [h.get("stage") for h in artifact.history()]},
         "reference": {**ref.describe(), "framework": ref.session.backend, "spec": config["reference"] or "lineage",
                       "model": str(getattr(ref.artifact, "path", ""))},
-        "data": data.describe(),
-        "primary_output": primary,
+        "data": plan.data.describe(),
+        "primary_output": plan.primary,
         "accuracy": accuracy,
         "task": task,
         "latency": latency,
         "spark": spark,
+        "batch_invariance": batch,
         "metrics": metrics,
         "config": config,
         "versions": package_versions(),
         "machine": machine_info(),
         "wall_time_s": round(time.perf_counter() - t_start, 2),
     }
-    write_reports(result, distributions, report_dir)
+    write_reports(result, distributions, plan.report_dir)
     if console is not None:
         print_summary(result, console)
-    summary = {k: result[k] for k in ("passed", "report_dir", "checks", "metrics", "data", "primary_output",
-                                      "wall_time_s")}
-    summary["reference"] = {k: result["reference"][k] for k in ("framework", "spec", "model")}
-    artifact.record_validation("gate", summary)
+    record_gate(artifact, result)
     if not passed and raise_on_fail:
         failed = [c["name"] for c in checks if not c["passed"]]
         raise GateFailed(f"{len(failed)} of {len(checks)} checks failed ({'; '.join(failed)}); reports in "
-                         f"{report_dir}")
+                         f"{plan.report_dir}")
     return result
+
+
+def record_gate(artifact, result: dict[str, Any]) -> None:
+    """The gate's outcome and the measured batch invariance, written into the artifact's manifest."""
+    summary = {k: result[k] for k in ("passed", "report_dir", "checks", "metrics", "data", "primary_output",
+                                      "wall_time_s")}
+    summary["reference"] = {k: result["reference"][k] for k in ("framework", "spec", "model")}
+    artifact.manifest.setdefault("validation", {})["gate"] = summary
+    batch = result.get("batch_invariance")
+    if batch:
+        artifact.manifest["validation"]["batch_invariance"] = {
+            "invariant": batch["invariant"], "batch_dev": batch["batch_dev"], "bound": batch["bound"],
+            "outputs": {name: found["batch_dev"] for name, found in batch["outputs"].items()},
+            "batch_sizes": batch["batch_sizes"], "texts": batch["texts"], "data": result["data"]["source"],
+            "measured_by": "validate"}
+    artifact.record_validation("gate", summary)
 
 
 def _check(name: str, target, metrics: dict[str, float]) -> dict[str, Any]:

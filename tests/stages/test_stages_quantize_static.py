@@ -38,7 +38,9 @@ def test_static_int8_is_qdq_calibrated_and_close(static_models, tiny_onnx, metho
     emb = Predictor(art).encode(corpus())
     ref = Predictor(tiny_onnx).encode(corpus())
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
-    assert np.isfinite(emb).all() and cos.min() > 0.9 and cos.mean() > 0.99
+    # measured cos min / mean: minmax 0.9936 / 0.9992, entropy 0.9706 / 0.9977, percentile 0.9934 / 0.9992
+    floor = {"minmax": 0.99, "entropy": 0.965, "percentile": 0.99}[method]
+    assert np.isfinite(emb).all() and cos.min() > floor and cos.mean() > 0.997
     assert rep["accuracy_vs_parent"]["sentence_embedding"]["cos_min"] == pytest.approx(cos.min(), abs=1e-6)
 
 

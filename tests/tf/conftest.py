@@ -6,14 +6,12 @@ written with Google's variable names."""
 from __future__ import annotations
 
 import shutil
+import sys  # noqa: E402
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("tensorflow")
-
-import sys  # noqa: E402
+import tensorflow  # noqa: E402,F401  (make test installs it: a broken install must fail, not skip)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tf_conftest_helpers import GOOGLE_CONFIG, TINY_VOCAB, write_google_checkpoint  # noqa: E402

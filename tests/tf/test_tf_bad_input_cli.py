@@ -117,3 +117,35 @@ def test_google_checkpoint_recipe_end_to_end(tiny_ckpt, tmp_path, cli, monkeypat
     assert cmp["accuracy"]["sentence_embedding"]["nan_or_inf"] == 0
     assert cmp["accuracy"]["sentence_embedding"]["cos_min"] > 0.999
     assert [h["stage"] for h in manifest["history"]] == ["freeze", "prune", "quantize"]
+
+
+def _foreign_copy(tiny_tf_savedmodel, dest: Path) -> Path:
+    """The tiny SavedModel without any config file next to it: nothing but the graph says how many positions it
+    has (64)."""
+    import shutil
+
+    shutil.copytree(tiny_tf_savedmodel.model_path, dest)
+    (dest / "assets").mkdir(exist_ok=True)
+    for file in tiny_tf_savedmodel.tokenizer_path.iterdir():
+        if file.name in ("vocab.txt", "tokenizer.json"):
+            shutil.copy2(file, dest / "assets" / file.name)
+    for name in ("config.json", "bert_config.json"):
+        for where in (dest, dest / "assets"):
+            (where / name).unlink(missing_ok=True)
+    return dest
+
+
+def test_position_limit_is_read_from_the_graph(tiny_tf_savedmodel, tmp_path, cli):
+    foreign = _foreign_copy(tiny_tf_savedmodel, tmp_path / "foreign")
+    code, _, err = cli("freeze", foreign, "--out", tmp_path / "frozen")
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "frozen" / "bertopt.json").read_text())
+    assert manifest["model"]["max_position_embeddings"] == 64 and manifest["model"]["max_seq_len"] == 64
+
+
+def test_max_seq_len_beyond_the_position_table_is_refused(tiny_tf_savedmodel, tmp_path, cli):
+    foreign = _foreign_copy(tiny_tf_savedmodel, tmp_path / "foreign")
+    code, _, err = cli("freeze", foreign, "--max-seq-len", "100", "--out", tmp_path / "frozen")
+    assert code == 2 and "exceeds the 64 positions" in err and "--max-seq-len 64" in err
+    assert len(err.strip().splitlines()) == 1
+    _nothing_written(tmp_path / "frozen")

@@ -114,7 +114,7 @@ def test_tf_onnx_flows_into_onnx_prune_optimize_and_int8(tiny_tf_onnx, tmp_path)
     texts = corpus()[:16]
     a, b = Predictor(int8).encode(texts), Predictor(tiny_tf_onnx).encode(texts)
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    assert cos.min() > 0.9
+    assert cos.min() > 0.945  # measured 0.951 (per-channel dynamic int8 of the tiny encoder, 16 sentences)
 
 
 def test_fp16_graph_to_onnx(tiny_tf_fp16, tmp_path):

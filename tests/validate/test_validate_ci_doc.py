@@ -50,8 +50,8 @@ def test_the_doc_job_gates_minilm_int8(cli, tmp_path, monkeypatch):
     result = json.loads((report / "validation.json").read_text())
     assert result["passed"] is True and result["reference"]["framework"] == "pytorch"
     assert 0.95 <= result["accuracy"]["sentence_embedding"]["cos_min"] < 1.0
-    assert result["metrics"]["speedup"] >= 1.0
+    assert result["batch_invariance"]["invariant"] is False  # ONNX Runtime dynamic int8: one scale per batch
     suite = ET.parse(report / "junit.xml").getroot().find("testsuite")
-    assert suite.get("failures") == "0" and len(suite.findall("testcase")) == len(result["checks"]) == 6
+    assert suite.get("failures") == "0" and len(suite.findall("testcase")) == len(result["checks"]) == 5
     assert (report / "summary.md").read_text().startswith("# bertopt validate: PASSED")
     assert (report / "latency.png").exists() and (report / "errors.png").exists()

@@ -141,6 +141,16 @@ def test_sentence_pairs_are_fed_as_two_segments(cli, tiny_classifier, tmp_path):
     assert code == 0, err
     result = json.loads((report / "validation.json").read_text())
     assert result["data"]["pairs"] is True and result["data"]["texts"] == 3
+    # the second segment reaches the model: changing it (or dropping it) changes the logits the gate compared
+    from bertopt.runtime import Predictor
+
+    pred = Predictor(art)
+    firsts, seconds = [r["a"] for r in rows], [r["b"] for r in rows]
+    with_pairs = pred.encode(firsts, seconds)
+    assert np.abs(with_pairs - pred.encode(firsts, list(reversed(seconds)))).max() > 1e-3
+    assert np.abs(with_pairs - pred.encode(firsts)).max() > 1e-3
+    feeds, _ = pred.feeds_for(pred.tokenize(firsts, seconds))
+    assert (feeds["token_type_ids"] == 1).any(axis=1).all()  # every row has a second segment
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,0 +1,112 @@
+"""Which recipe should be the default? Faithfulness, batch invariance and speed of each candidate, in one run.
+
+For every candidate recipe (built once, reused afterwards) and PyTorch fp32 (the original model), measured side
+by side through the Predictor:
+
+* cos min / mean of the sentence embedding vs PyTorch fp32 on the built-in corpus and on ``mixed_text``;
+* batch deviation: the largest 1 - cosine between a text run alone and the same text inside batches of 1 (other
+  padding), 7 and 32 (other neighbours, other lengths), on both texts (``bertopt.validate.batch``);
+* throughput on the mixed-text workload (length-bucketed batches of 32), interleaved rounds, as a ratio to the
+  first candidate (today's default) and to PyTorch fp32.
+
+The default must reach cos min >= 0.995 on both texts, batch deviation <= 1e-4 and at least the old default's
+mixed-text speed.
+
+    .venv/bin/python benchmarks/default_candidates.py
+    .venv/bin/python benchmarks/default_candidates.py --recipes minilm-int8-cpu minilm-fastest-cpu --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    ROOT,
+    add_common_args,
+    artifact_contender,
+    build_recipe,
+    output_path,
+    progress_printer,
+    settings_from,
+)
+
+CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu"]
+COS_MIN = 0.995
+DEV_MAX = 1e-4
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument("--recipes", nargs="+", default=CANDIDATES,
+                        help="Candidate recipes; the first is the baseline (today's default).")
+    parser.add_argument("--probes", type=int, default=64, help="Texts per set in the batch-deviation check.")
+    parser.set_defaults(rounds=3, texts=64, latency_calls=10)
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from bertopt import bench
+    from bertopt.data import corpus, mixed_text
+    from bertopt.validate.batch import batch_deviation
+
+    console = Console(width=200)
+    say = progress_printer()
+    settings = settings_from(args)
+    contenders = []
+    for recipe in args.recipes:
+        art, rec = build_recipe(ROOT / "recipes" / f"{recipe}.yaml" if "/" not in recipe else recipe,
+                                args.model, args.out, args.rebuild, say)
+        contenders.append(artifact_contender(rec.name, art, args.threads, args.batch_size))
+    reference = bench.reference_contender(contenders[0].predictor.artifact, threads=args.threads,
+                                          batch_size=args.batch_size)
+    machine = bench.machine_info()
+    say(f"load average before: {machine.get('load_average')}")
+    everyone = [reference, *contenders]
+    results = bench.measure(everyone, settings, reference=reference, progress=say)
+    bench.add_ratios(results, contenders[0].name, "old-default")
+    bench.add_ratios(results, reference.name, "pt-fp32")
+    texts = {"corpus": corpus(), "mixed": mixed_text()}
+    for res, c in zip(results, everyone):
+        res["batch_dev"] = {}
+        for key, data in texts.items():
+            say(f"batch deviation {c.name} on {key}")
+            res["batch_dev"][key] = batch_deviation(c.predictor, data, outputs=[c.predictor.primary_output],
+                                                    probes=args.probes)["batch_dev"]
+        fid = res["fidelity"]
+        res["meets_default_bar"] = bool(
+            min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= COS_MIN
+            and max(res["batch_dev"].values()) <= DEV_MAX
+            and res["vs"]["old-default"]["mixed"] >= 1.0)
+
+    table = Table(title=f"default candidates ({args.model}); bar: cos min >= {COS_MIN} on both texts, batch dev <= "
+                  f"{DEV_MAX:g}, mixed-text speed >= the old default ({contenders[0].name})", title_justify="left",
+                  caption="cos: sentence embedding vs PyTorch fp32; batch dev: max 1 - cos, alone vs batches of "
+                  "1 (padded) / 7 / 32 with other neighbours; mixed /s: mixed_text, length-bucketed batches of "
+                  f"{args.batch_size}, median of {args.rounds} interleaved rounds", caption_justify="left")
+    for col in ("candidate", "runtime", "precision", "cos min corpus", "cos min mixed", "batch dev corpus",
+                "batch dev mixed", "mixed /s", "x old default", "x pt-fp32", "meets bar"):
+        table.add_column(col, justify="left" if col in ("candidate", "runtime", "precision") else "right")
+    for r in results:
+        fid = r["fidelity"]
+        table.add_row(r["name"], str(r.get("backend", "")), str(r.get("precision", "")),
+                      f"{fid['corpus']['cos_min']:.5f}", f"{fid['mixed']['cos_min']:.5f}",
+                      f"{r['batch_dev']['corpus']:.2e}", f"{r['batch_dev']['mixed']:.2e}",
+                      f"{r['mixed_texts_per_s']:.1f}", f"{r['vs']['old-default']['mixed']:.2f}",
+                      f"{r['vs']['pt-fp32']['mixed']:.2f}", "yes" if r["meets_default_bar"] else "no")
+    console.print(table)
+    say(f"load average after: {bench.machine_info().get('load_average')}")
+    path = output_path(args, "default_candidates")
+    bench.write_json(path, {"benchmark": "default_candidates", "settings": vars(args) | {"out": str(args.out)},
+                            "machine": machine, "results": results})
+    console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""Batch invariance: does a text's output depend on what it is batched with?
+
+Every text of a probe set (spread over the data's length distribution) is run alone, unpadded, as the
+baseline; then again (a) alone but padded to the probe set's longest text (batch size 1, other padding) and
+(b) inside mixed-length batches of 7 and 32 whose neighbours are drawn at random from the probe set (other
+neighbours, other padding, other batch shapes). The deviation of a row is 1 - cosine to its baseline (per real
+token for token-level outputs); the largest over every composition is ``batch_dev``.
+
+ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so its outputs move with their
+neighbours (1e-2 and more); float and bf16 runtimes, and int8 with per-token activation scales, stay near
+float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+BATCH_SIZES = (1, 7, 32)
+PROBE_TEXTS = 64
+# the default bound of a batch-invariant artifact (1 - cosine), also the default recipe's gate
+INVARIANCE_BOUND = 1e-4
+
+
+def probe_indices(lengths: Sequence[int], n: int = PROBE_TEXTS) -> list[int]:
+    """Up to ``n`` indices spread evenly over the length-sorted data (short and long texts both in)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if len(order) <= n:
+        return order
+    picks = np.linspace(0, len(order) - 1, n).round().astype(int)
+    return [order[i] for i in sorted(set(picks.tolist()))]
+
+
+def _row_deviation(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest 1 - cosine between matching rows of a and b (2-D)."""
+    from bertopt.validate.compare import cosine_rows
+
+    if a.ndim == 1:
+        a, b = a[None], b[None]
+    return float(np.max(1.0 - cosine_rows(a, b))) if len(a) else 0.0
+
+
+def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                    outputs: Sequence[str] | None = None, batch_sizes: Sequence[int] = BATCH_SIZES,
+                    probes: int = PROBE_TEXTS, seed: int = 0) -> dict[str, Any]:
+    """Largest deviation (1 - cosine) of each output between a text alone and the same text in other batches.
+
+    Returns ``{"batch_dev": worst over outputs, "outputs": {name: {"batch_dev", "by_batch_size": {...}}},
+    "texts": probes used, "batch_sizes": [...]}``."""
+    names = list(outputs or predictor.output_names)
+    encodings = predictor.tokenize(texts, pairs)
+    idx = probe_indices([len(e.ids) for e in encodings], probes)
+    probe = [encodings[i] for i in idx]
+    n = len(probe)
+    if n == 0:
+        return {"batch_dev": 0.0, "outputs": {}, "texts": 0, "batch_sizes": list(batch_sizes)}
+    longest = max(len(e.ids) for e in probe)
+
+    def run(rows: list[int], pad_to: int | None = None) -> dict[str, np.ndarray]:
+        feeds, lengths = predictor.feeds_for([probe[r] for r in rows], pad_to=pad_to)
+        out = predictor.run_batch(feeds, names)
+        return {name: [out[name][j, : lengths[j]] if predictor.is_token_level(name) else out[name][j]
+                       for j in range(len(rows))] for name in names}
+
+    alone = {name: [None] * n for name in names}
+    for r in range(n):
+        one = run([r])
+        for name in names:
+            alone[name][r] = one[name][0]
+
+    rng = np.random.default_rng(seed)
+    worst: dict[str, dict[str, float]] = {name: {} for name in names}
+    for size in batch_sizes:
+        size = int(size)
+        if size == 1:
+            # alone again, but padded to the longest probe: padding must not reach a real token
+            compositions = [([r], longest) for r in range(n)]
+        else:
+            perm = rng.permutation(n).tolist()
+            if n < size:  # too few probes to fill a batch: repeat neighbours so the batch really has `size` rows
+                perm = (perm * (size // n + 1))[:size]
+            compositions = [(perm[s:s + size], None) for s in range(0, len(perm), size)]
+        for rows, pad in compositions:
+            got = run(rows, pad)
+            for name in names:
+                dev = max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(rows))
+                key = str(size)
+                worst[name][key] = max(worst[name].get(key, 0.0), dev)
+    per_output = {name: {"batch_dev": max(w.values(), default=0.0), "by_batch_size": w}
+                  for name, w in worst.items()}
+    return {"batch_dev": max((p["batch_dev"] for p in per_output.values()), default=0.0),
+            "outputs": per_output, "texts": n, "batch_sizes": [int(b) for b in batch_sizes]}

@@ -1,0 +1,268 @@
+"""The bad-input corpus: each case runs the real ``bertopt`` command in a subprocess, as a user would, and must
+end with exit code 2, exactly one line on stderr naming the problem (and the fix), no traceback, and nothing
+left behind where the command would have written.
+
+A case is (id, setup): ``setup(ctx)`` builds what the case needs under ``ctx.tmp`` and returns the argv, the
+text the error line must contain, and the paths that must not exist afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+UNWRITABLE = "/proc/bertopt-cannot-write-here"  # refused even to root (procfs)
+
+
+@dataclass
+class Ctx:
+    tmp: Path
+    tiny: Path  # a tiny BERT ONNX artifact (session fixture)
+    tiny_hf: Path  # the tiny Hugging Face folder it was exported from
+
+    def copy_artifact(self, name: str = "art") -> Path:
+        dest = self.tmp / name
+        shutil.copytree(self.tiny, dest)
+        return dest
+
+    def edited_manifest(self, edit) -> Path:
+        """A copy of the tiny artifact whose bertopt.json went through ``edit(manifest) -> manifest``."""
+        dest = self.copy_artifact("edited")
+        path = dest / "bertopt.json"
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        return dest
+
+    def nul_file(self, name: str = "nul.txt") -> Path:
+        path = self.tmp / name
+        path.write_bytes(b"\x00" * 64 + b"\n" + b"\x00" * 64 + b"\n")
+        return path
+
+    def recipe(self, text: str) -> Path:
+        return self.write("recipe.yaml", text)
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+    def ensure_file(self, name: str) -> Path:
+        return self.write(name, "not a folder\n")
+
+    def parquet(self, name: str) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = self.tmp / name
+        pq.write_table(pa.table({"text": ["a sentence", "another one"]}), str(path))
+        return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drop(key):
+    def edit(m):
+        m.pop(key)
+        return m
+    return edit
+
+
+def _set(key, value):
+    def edit(m):
+        m[key] = value
+        return m
+    return edit
+
+
+# -- the corpus: (id, setup) ------------------------------------------------------------------------------------
+CASES = {
+    # numeric options out of bounds (each parameter declares its bounds once)
+    "export --max-seq-len -5": lambda c: (
+        ["export", c.tiny_hf, "--max-seq-len", "-5", "--out", c.tmp / "o"], "'max_seq_len' must be at least 1",
+        [c.tmp / "o"]),
+    "export --max-seq-len 0": lambda c: (
+        ["export", c.tiny_hf, "--max-seq-len", "0", "--out", c.tmp / "o"], "'max_seq_len' must be at least 1",
+        [c.tmp / "o"]),
+    "export --opset 9": lambda c: (
+        ["export", c.tiny_hf, "--opset", "9", "--out", c.tmp / "o"], "'opset' must be between 17 and 21",
+        [c.tmp / "o"]),
+    "export --check-tolerance -1": lambda c: (
+        ["export", c.tiny_hf, "--check-tolerance", "-1", "--out", c.tmp / "o"], "'check_tolerance' must be at least 0",
+        [c.tmp / "o"]),
+    "quantize --calibration-size 0": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--calibration-size", "0", "--out", c.tmp / "o"],
+        "'calibration_size' must be at least 1", [c.tmp / "o"]),
+    "quantize --smooth-alpha 2": lambda c: (
+        ["quantize", c.tiny, "--smooth-alpha", "2", "--out", c.tmp / "o"], "'smooth_alpha' must be between 0 and 1",
+        [c.tmp / "o"]),
+    "quantize --smooth-alpha nan": lambda c: (
+        ["quantize", c.tiny, "--smooth-alpha", "nan", "--out", c.tmp / "o"], "'smooth_alpha' must be a number",
+        [c.tmp / "o"]),
+    "quantize --activation-group-size -1": lambda c: (
+        ["quantize", c.tiny, "--runtime", "openvino", "--activation-group-size", "-1", "--out", c.tmp / "o"],
+        "'activation_group_size' must be at least 0", [c.tmp / "o"]),
+    "compile --min-cosine 1.5": lambda c: (
+        ["compile", c.tiny, "--min-cosine", "1.5", "--out", c.tmp / "o"], "'min_cosine' must be between 0 and 1",
+        [c.tmp / "o"]),
+    "optimize --opt-level 5": lambda c: (
+        ["optimize", c.tiny, "--opt-level", "5", "--out", c.tmp / "o"], "'opt_level' must be 0, 1, 2 or 99",
+        [c.tmp / "o"]),
+    "validate --repeats 0": lambda c: (
+        ["validate", c.tiny, "--repeats", "0", "--report-dir", c.tmp / "r"], "'repeats' must be at least 1",
+        [c.tmp / "r"]),
+    "validate --max-texts 0": lambda c: (
+        ["validate", c.tiny, "--max-texts", "0", "--report-dir", c.tmp / "r"], "'max_texts' must be at least 1",
+        [c.tmp / "r"]),
+    "validate --atol -1": lambda c: (
+        ["validate", c.tiny, "--atol", "-1", "--report-dir", c.tmp / "r"], "'atol' must be at least 0",
+        [c.tmp / "r"]),
+    "validate --error-quantile 1.5": lambda c: (
+        ["validate", c.tiny, "--error-quantile", "1.5", "--report-dir", c.tmp / "r"], "'error_quantile' must be",
+        [c.tmp / "r"]),
+    "validate --threads 0": lambda c: (
+        ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"], "'threads' must be at least 1",
+        [c.tmp / "r"]),
+    "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "'--port'", []),
+    "serve --num-worker 0": lambda c: (["serve", c.tiny, "--num-worker", "0"], "'--num-worker'", []),
+    "serve --max-seq-len 0": lambda c: (["serve", c.tiny, "--max-seq-len", "0"], "'--max-seq-len'", []),
+    "client encode --timeout -1": lambda c: (
+        ["client", "encode", "hello", "--port", str(free_port()), "--timeout", "-1"], "'--timeout'", []),
+    "client status --timeout 0": lambda c: (
+        ["client", "status", "--port", str(free_port()), "--timeout", "0"], "'--timeout'", []),
+    "kafka --port 70000": lambda c: (
+        ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
+         "--backend", "zmq", "--port", "70000"], "'--port'", []),
+    "spark-predict --batch-size 0": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.tmp / "in.txt", "--output", c.tmp / "o",
+         "--batch-size", "0"], "'--batch-size'", [c.tmp / "o"]),
+    # outputs that cannot be written: checked before any work
+    "export --out unwritable": lambda c: (
+        ["export", c.tiny_hf, "--out", UNWRITABLE + "/o"], "is not writable", []),
+    "quantize --out under a file": lambda c: (
+        ["quantize", c.tiny, "--out", c.ensure_file("plain.txt") / "o"], "is a file", []),
+    "validate --report-dir unwritable": lambda c: (
+        ["validate", c.tiny, "--report-dir", UNWRITABLE + "/r"], "is not writable", []),
+    "run --out unwritable": lambda c: (
+        ["run", c.recipe("model: " + str(c.tiny_hf) + "\nstages: [export]\n"), "--out", UNWRITABLE], "is not writable",
+        []),
+    # manifests checked against a schema on load (inspect, validate, serve)
+    "inspect: outputs of the wrong type": lambda c: (
+        ["inspect", c.edited_manifest(_set("outputs", "sentence_embedding"))], "'outputs' must be a list", []),
+    "inspect: outputs missing": lambda c: (
+        ["inspect", c.edited_manifest(_drop("outputs"))], "'outputs' is missing", []),
+    "inspect: manifest is a list": lambda c: (
+        ["inspect", c.edited_manifest(lambda m: [m])], "must be a JSON object", []),
+    "validate: inputs missing": lambda c: (
+        ["validate", c.edited_manifest(_drop("inputs")), "--report-dir", c.tmp / "r"], "'inputs' is missing",
+        [c.tmp / "r"]),
+    "validate: an output without a name": lambda c: (
+        ["validate", c.edited_manifest(_set("outputs", [{"kind": "embedding"}])), "--report-dir", c.tmp / "r"],
+        "outputs[0] must be a mapping with a string 'name'", [c.tmp / "r"]),
+    "serve: files of the wrong type": lambda c: (
+        ["serve", c.edited_manifest(_set("files", ["model.onnx"])), "--port", str(free_port()), "--port-out",
+         str(free_port())], "'files' must be a mapping", []),
+    "serve: model section of the wrong type": lambda c: (
+        ["serve", c.edited_manifest(_set("model", "bert")), "--port", str(free_port()), "--port-out",
+         str(free_port())], "'model' must be a mapping", []),
+    # data with no real text, and data files that are not there
+    "validate --data of NUL bytes": lambda c: (
+        ["validate", c.tiny, "--data", c.nul_file(), "--report-dir", c.tmp / "r"], "no real text", [c.tmp / "r"]),
+    "validate --data NUL bytes in a CSV column": lambda c: (
+        ["validate", c.tiny, "--data", c.write("nul.csv", "text\n\x00\x00\n\x00\n"), "--report-dir", c.tmp / "r"],
+        "no real text", [c.tmp / "r"]),
+    "validate --data missing": lambda c: (
+        ["validate", c.tiny, "--data", c.tmp / "nope.jsonl", "--report-dir", c.tmp / "r"], "data file not found",
+        [c.tmp / "r"]),
+    "quantize --calibration-data of NUL bytes": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", c.nul_file(), "--out", c.tmp / "o"],
+        "no real text", [c.tmp / "o"]),
+    "quantize --calibration-data missing": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", c.tmp / "nope.txt", "--out",
+         c.tmp / "o"], "not found", [c.tmp / "o"]),
+    # targets that name no metric
+    "validate --targets cosine_minimum=0.9": lambda c: (
+        ["validate", c.tiny, "--targets", "cosine_minimum=0.9", "--report-dir", c.tmp / "r"],
+        "known metrics: cos_mean", [c.tmp / "r"]),
+    "validate --targets cosine_minimum>=0.9": lambda c: (
+        ["validate", c.tiny, "--targets", "cosine_minimum>=0.9", "--report-dir", c.tmp / "r"],
+        "unknown metric 'cosine_minimum'", [c.tmp / "r"]),
+    "validate --targets batch_dev without the batch check": lambda c: (
+        ["validate", c.tiny, "--targets", "batch_dev<=1e-4", "--no-batch-check", "--report-dir", c.tmp / "r"],
+        "needs the batch-invariance check", [c.tmp / "r"]),
+    "validate --targets cos_min=high": lambda c: (
+        ["validate", c.tiny, "--targets", "cos_min=high", "--report-dir", c.tmp / "r"], "cannot read target",
+        [c.tmp / "r"]),
+    # a recipe is checked whole before its first stage writes anything
+    "run: second stage names a missing calibration file": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
+                         f"calibration_data: {c.tmp / 'missing.txt'}}}\n"), "--out", c.tmp / "a"],
+        "'calibration_data' file", [c.tmp / "a"]),
+    "run: second stage's calibration file is NUL bytes": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
+                         f"calibration_data: {c.nul_file()}}}\n"), "--out", c.tmp / "a"], "no real text",
+        [c.tmp / "a"]),
+    "run: validate data missing": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages: [export]\nvalidate: {{data: {c.tmp / 'gone.txt'}}}\n"),
+         "--out", c.tmp / "a"], "'data' file", [c.tmp / "a"]),
+    "run: a stage parameter out of bounds": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{max_seq_len: 0}}\n"), "--out", c.tmp / "a"],
+        "'max_seq_len' must be at least 1", [c.tmp / "a"]),
+    # spark-predict: input and column checked before Spark starts
+    "spark-predict: input missing": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.tmp / "nope.parquet", "--output", c.tmp / "o"],
+        "does not exist", [c.tmp / "o"]),
+    "spark-predict: CSV without the text column": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.write("in.csv", "body\nhello\n"), "--output",
+         c.tmp / "o"], "has no column 'text'", [c.tmp / "o"]),
+    "spark-predict: Parquet without the pair column": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "o",
+         "--pair-col", "second"], "has no column 'second'", [c.tmp / "o"]),
+    # kafka: an unreachable broker is one line after a bounded wait, not librdkafka's log
+    "kafka: unreachable broker": lambda c: (
+        ["kafka", c.tiny, "--bootstrap", f"127.0.0.1:{free_port()}", "--request-topic", "a", "--response-topic",
+         "b", "--connect-timeout", "1.5"], "cannot reach Kafka", []),
+    "kafka --connect-timeout 0": lambda c: (
+        ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
+         "--connect-timeout", "0"], "'--connect-timeout'", []),
+}
+
+
+def run_bertopt(argv, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "COLUMNS": "300"}
+    return subprocess.run([sys.executable, "-m", "bertopt.cli", *map(str, argv)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=180)
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_nothing_written(case, tiny_onnx, tiny_hf, tmp_path):
+    ctx = Ctx(tmp_path, Path(tiny_onnx.path), Path(tiny_hf))
+    argv, expected, must_not_exist = CASES[case](ctx)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_bertopt(argv, tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:"), lines[0]
+    assert expected in lines[0], lines[0]
+    for path in must_not_exist:
+        assert not Path(path).exists(), f"{path} was left behind"
+    # nothing new in the working folder either (no stray temp folders, reports, partial artifacts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
