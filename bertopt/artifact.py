@@ -82,6 +82,27 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
+def onnx_external_data_files(model_file: Path) -> list[str]:
+    """Files (relative to the model's folder) holding an ONNX model's external data, read from the graph alone."""
+    import onnx
+
+    model_file = Path(model_file)
+    if model_file.suffix != ".onnx" or not model_file.is_file():
+        return []
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(model_file), load_external_data=False)
+    except (DecodeError, ValueError, OSError):
+        return []  # not a readable ONNX graph: load_onnx reports that, with the fix, where the model is used
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+    names = {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL
+             for e in t.external_data if e.key == "location"}
+    return sorted(names)
+
+
 def _digest_of_files(files: dict[str, dict[str, Any]]) -> str:
     """One digest naming the artifact's content: the hash of the sorted per-file hashes."""
     canon = json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True)
@@ -132,9 +153,15 @@ class Artifact:
 
     def verify(self) -> None:
         """Check that every file the manifest lists is present with the recorded size and sha256."""
+        external = set(self.manifest.get("external_data", []))
         for rel, info in sorted(self.manifest.get("files", {}).items()):
             file = self.path / rel
             if not file.exists():
+                if rel in external:
+                    raise ArtifactError(
+                        f"artifact {self.path} is incomplete: {rel}, the external data holding the weights of "
+                        f"{self.manifest.get('model_file')}, is missing; copy it back or re-create the artifact"
+                    )
                 raise ArtifactError(
                     f"artifact {self.path} is incomplete: {rel} is missing; re-create the artifact"
                 )
@@ -177,8 +204,11 @@ class Artifact:
 
     @property
     def model_info(self) -> dict[str, Any]:
-        """Architecture facts (hidden size, heads, layers, pooling, task) carried from the source."""
-        return self.manifest.get("model", {})
+        """Architecture facts (family, hidden size, heads, layers, pooling, task, labels) carried from the source.
+
+        Manifests written before the task contract name tasks differently ("classifier", "sentence-embedding",
+        "encoder") and name no family (they are all BERT); both are read in today's terms."""
+        return canonical_model_info(self.manifest.get("model", {}))
 
     @property
     def primary_output(self) -> str | None:
@@ -250,6 +280,23 @@ class Artifact:
         return f"Artifact({str(self.path)!r}, {self.model_format}, {self.precision})"
 
 
+def canonical_model_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with the task in the contract's names and the family, id2label, problem_type and pair_input set."""
+    from bertopt.families import OLD_TASK_NAMES
+
+    if not info:
+        return info
+    out = dict(info)
+    out["task"] = OLD_TASK_NAMES.get(out.get("task") or "embedding", out.get("task") or "embedding")
+    out.setdefault("family", "bert")
+    out.setdefault("pair_input", out["task"] == "rerank")
+    if out["task"] in ("classification", "rerank", "token-classification"):
+        out.setdefault("id2label", None)
+    if out["task"] == "classification":
+        out.setdefault("problem_type", "single_label_classification")
+    return out
+
+
 # key -> (type(s), required): what a manifest must hold for loading, inspecting and serving it
 _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "format_version": ((int,), True),
@@ -267,6 +314,7 @@ _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "history": ((list,), False),
     "validation": ((dict,), False),
     "batch_invariance": ((dict,), False),
+    "external_data": ((list,), False),
 }
 _TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number"}
 
@@ -420,6 +468,14 @@ class ArtifactWriter:
                 files[rel] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
         if self._model["model_file"] not in files and not (self.dir / self._model["model_file"]).is_dir():
             raise RuntimeError(f"model file {self._model['model_file']} was not written")
+        # an ONNX model's external data files are part of the artifact: listed, hashed, and checked present
+        model_file = self.dir / self._model["model_file"]
+        base = Path(self._model["model_file"]).parent
+        external = [(base / name).as_posix() for name in onnx_external_data_files(model_file)]
+        absent = [name for name in external if name not in files]
+        if absent:
+            raise UserError(f"{self._model['model_file']} keeps its weights in {absent[0]}, which the artifact does "
+                            "not have; put the external data file next to the model")
         parent = self.parent
         manifest: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
@@ -428,6 +484,7 @@ class ArtifactWriter:
             "model": self.model_info,
             "digest": _digest_of_files(files),
             "files": files,
+            "external_data": external,
             "lineage": {
                 "source": self.source,
                 "parent": {"path": str(parent.path.absolute()), "digest": parent.digest} if parent else None,

@@ -4,6 +4,7 @@
 
     with Client("127.0.0.1", port=5555, port_out=5556, timeout=30) as client:
         vectors = client.encode(["hello world", "a second sentence"])   # float32 (2, d)
+        results = client.predict(["Ada lives in Paris"])                # a task model's results (entities, ...)
         future = client.encode_async(["many", "texts"])                  # concurrent.futures.Future
         print(client.status()["uptime_s"])
 
@@ -98,6 +99,50 @@ class Client:
             if not isinstance(t, str):
                 raise UserError(f"text {i} is a {type(t).__name__}, not a string; pass a list of strings")
         return self._request(json.dumps(texts).encode(), len(texts))
+
+    def predict(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None,
+                aggregation: str | None = None) -> list[Any]:
+        """The served model's task results, one per text, as ``bertopt.Predictor.predict`` gives them:
+        classification ``{"label", "score", "scores"}``; token classification a list of entities (``aggregation``:
+        none, simple, first, average, max); rerank a score per (text, pair); sparse embedding ``{"indices",
+        "values"}``; embedding the vector (a list of floats)."""
+        return self._wait(self.predict_async(texts, pairs, aggregation))
+
+    def predict_async(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None,
+                      aggregation: str | None = None) -> Future:
+        """Send a predict request now; the Future resolves to the list of results."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(pairs, str):
+            pairs = [pairs]
+        texts = list(texts)
+        if not texts:
+            raise UserError("predict() got no texts; pass at least one string")
+        if pairs is not None and len(pairs) != len(texts):
+            raise UserError(f"got {len(texts)} texts but {len(pairs)} pairs; give one pair per text")
+        items = []
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or (pairs is not None and not isinstance(pairs[i], str)):
+                raise UserError(f"text {i} is not a string (or its pair is not); pass lists of strings")
+            item: dict[str, str] = {"text": t}
+            if pairs is not None:
+                item["pair"] = pairs[i]
+            if aggregation is not None:
+                item["aggregation"] = aggregation
+            items.append(item)
+        return self._request(json.dumps(items).encode(), len(items))
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None) -> list[dict[str, Any]]:
+        """A rerank server's order of ``passages`` for ``query``: ``[{"index", "score", "text"}]`` best first."""
+        if not isinstance(query, str) or isinstance(passages, str):
+            raise UserError("rerank() takes a query string and a list of passage strings")
+        passages = list(passages)
+        if not passages:
+            return []
+        scores = self.predict([query] * len(passages), passages)
+        order = sorted(range(len(passages)), key=lambda i: -scores[i])
+        ranked = [{"index": i, "score": scores[i], "text": passages[i]} for i in order]
+        return ranked[:top_k] if top_k else ranked
 
     def status(self) -> dict[str, Any]:
         """The server's configuration and counters (requests, mini-jobs, per-worker load, queues, uptime)."""

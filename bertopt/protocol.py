@@ -19,8 +19,11 @@ Server -> client (sink PUB on ``port_out``, topic = identity):
 
 Internal messages (numbers travel as decimal ASCII):
 
-    ventilator -> worker  [b"J", job_id, lane, identity, request_id, job_index, n_jobs, n_texts, offset, texts_json]
+    ventilator -> worker  [b"J", job_id, lane, kind, n_pieces, (identity, request_id, piece_meta) x n_pieces,
+                           items_json]                                  (a mini-job: pieces of one or more requests)
                           [b"STOP"]
+                          piece_meta = b"index n_pieces n_texts offset count"; kind t (texts), p (pairs), i (ids)
+    HTTP front end -> ventilator (inproc)  [request_id, kind, {"items": [...], "lengths": [...]} json]
     worker -> ventilator  [b"READY", info_json] | [b"FAIL", message] | [b"DONE", job_id]
     worker -> sink        [b"R", identity, request_id, job_index, n_jobs, n_texts, offset, dim, float32 bytes]
     anyone -> sink        [b"E", identity, request_id, message]            (the request's one reply is an error)
@@ -48,6 +51,8 @@ _REQ_ID = re.compile(rb"^[0-9]{1,20}$")
 JOB, STOP, READY, FAIL, DONE = b"J", b"STOP", b"READY", b"FAIL", b"DONE"
 RESULT, ERROR, CONFIG, SINK_STOP = b"R", b"E", b"C", b"S"
 LANE_PRIORITY, LANE_BULK = b"p", b"b"
+# the HTTP front end's requests use this identity; ZeroMQ clients may not (their replies would go astray)
+HTTP_IDENTITY = b"\x00bertopt-http"
 
 
 class ProtocolError(Exception):
@@ -75,6 +80,37 @@ def num(value: int) -> bytes:
     return b"%d" % value
 
 
+# a predict request (bertopt's Client.predict) is a list of objects: {"text", "pair"?, "aggregation"?}
+PREDICT_ITEM_KEYS = {"text", "pair", "aggregation"}
+
+
+def is_predict_request(items: list) -> bool:
+    return bool(items) and isinstance(items[0], dict)
+
+
+def check_items(items: list) -> str | None:
+    """Why a predict request's items are malformed (None when they are fine); used by the request parser."""
+    dicts = [isinstance(i, dict) for i in items]
+    if any(dicts) and not all(dicts):
+        return "a request mixes texts and predict objects; send a list of strings or a list of objects"
+    if not any(dicts):
+        return None
+    for n, item in enumerate(items):
+        extra = set(item) - PREDICT_ITEM_KEYS
+        if extra:
+            return f"item {n} has unknown key(s) {sorted(extra)}; use text, pair and aggregation"
+        if not isinstance(item.get("text"), str):
+            return f"item {n} has no 'text' string"
+        for key in ("pair", "aggregation"):
+            if key in item and not isinstance(item[key], str):
+                return f"item {n}: '{key}' must be a string"
+    if len({"pair" in i for i in items}) > 1:
+        return "some items have a 'pair' and some do not; give every item a pair or none"
+    if len({i.get("aggregation", "simple") for i in items}) > 1:
+        return "items ask for different aggregations; use one per request"
+    return None
+
+
 def parse_request(frames: list[bytes], max_bytes: int) -> Request:
     """Check a client message; raise ProtocolError with a reply address when one can be trusted."""
     if len(frames) < 3:
@@ -84,6 +120,8 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
         raise ProtocolError(f"malformed message: client identity of {len(identity)} bytes "
                             f"(must be 1-{MAX_IDENTITY_BYTES}); dropped")
     request_id = frames[2]
+    if identity.startswith(HTTP_IDENTITY):
+        raise ProtocolError("malformed message: client identity reserved for the HTTP front end; dropped")
     if len(frames) != 4:
         raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count], "
                             f"got {len(frames)}; use bertopt.client.Client or bert-serving-client",
@@ -107,6 +145,11 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
                             "send a JSON list of strings", identity, request_id)
     if not texts:
         raise ProtocolError("request has no texts; send at least one string", identity, request_id)
+    if is_predict_request(texts) or any(isinstance(t, dict) for t in texts):  # Client.predict: task results
+        problem = check_items(texts)
+        if problem:
+            raise ProtocolError(f"malformed predict request: {problem}", identity, request_id)
+        return Request(identity, request_id, None, texts)
     for i, text in enumerate(texts):
         if isinstance(text, str):
             continue
@@ -126,7 +169,11 @@ def ndarray_reply(identity: bytes, request_id: bytes, array: np.ndarray) -> list
 
 
 def error_reply(identity: bytes, request_id: bytes, message: str) -> list[bytes]:
-    return [identity, json.dumps({"error": message}).encode(), b"", request_id]
+    # "dtype" carries the message too: bert-serving-client reads only dtype/shape, and numpy's refusal of that
+    # dtype ("data type '<message>' not understood" / "format ... of '<message>' is not recognized") is how its
+    # user gets to see why
+    return [identity, json.dumps({"error": message, "dtype": f"bertopt serve error: {message}"}).encode(), b"",
+            request_id]
 
 
 def config_reply(identity: bytes, request_id: bytes, config: dict[str, Any]) -> list[bytes]:
@@ -134,12 +181,14 @@ def config_reply(identity: bytes, request_id: bytes, config: dict[str, Any]) -> 
 
 
 def decode_reply(frames: list[bytes]) -> tuple[int, Any]:
-    """Client side: (request id, ndarray | config dict | error message as ProtocolError)."""
+    """Client side: (request id, ndarray | config dict | task results list | error message as ProtocolError)."""
     request_id = int(frames[-1])
     if len(frames) == 3:
         return request_id, json.loads(frames[1])
     info = json.loads(frames[1])
     if "error" in info:
         return request_id, ProtocolError(info["error"])
+    if "results" in info:
+        return request_id, info["results"]
     array = np.frombuffer(frames[2], dtype=info["dtype"]).reshape(info["shape"])
     return request_id, array

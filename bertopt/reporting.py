@@ -42,6 +42,10 @@ def print_recipe_summary(result, console) -> None:
                 t.add_row(f"{name} neighbour agreement@10", f"{s.get('neighbour_agreement_at_10', float('nan')):.3f}")
             t.add_row(f"{name} max abs diff" + (" (real tokens)" if s.get("kind") == "token" else ""),
                       f"{s['max_abs']:.3g}")
+            for metric in ("top1_agreement", "max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10",
+                           "spearman", "term_overlap_at_10"):  # the task's own fidelity figures
+                if metric in s:
+                    t.add_row(f"{name} {metric.replace('_', ' ')}", f"{s[metric]:.4f}")
             if s.get("nan_or_inf"):
                 t.add_row(f"{name} NaN/Inf", str(s["nan_or_inf"]))
         tp = cmp["throughput"]

@@ -95,6 +95,27 @@ def cli(capsys):
 
 
 @pytest.fixture(scope="session")
+def task_artifact(tmp_path_factory):
+    """``task_artifact(task, family="bert") -> (hf folder, artifact)``: a tiny random task model (classification,
+    multi-label, token-classification, rerank, sparse-embedding) of a family with its own tokenizer kind
+    (``bertopt.testing.build_tiny_family_model``), exported by ``bertopt export``; built once a session."""
+    from bertopt.registry import run_stage
+    from bertopt.testing import build_tiny_family_model
+
+    built: dict = {}
+
+    def get(task: str, family: str = "bert"):
+        if (task, family) not in built:
+            root = tmp_path_factory.mktemp(f"{family}-{task}")
+            head = "classification" if task == "multi-label" else task
+            hf = build_tiny_family_model(root / "hf", family, head, multi_label=task == "multi-label")
+            built[task, family] = (hf, run_stage("export", hf, {}, root / "art"))
+        return built[task, family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def default_artifact(tmp_path_factory):
     """The final artifact of the default recipe (what ``make demo`` builds), stages only."""
     from bertopt.recipes import DEFAULT_RECIPE, load_recipe, run_recipe

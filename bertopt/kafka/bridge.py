@@ -4,12 +4,16 @@ Client applications never call the model. They write a JSON request to the reque
 
     {"id": "r-1", "text": "a sentence"}          or        {"id": 7, "texts": ["one", "two"]}
 
+(a rerank model takes ``"pair"`` / ``"pairs"`` with the passages; a token-classification model an optional
+``"aggregation"``: none, simple, first, average, max)
 The bridge takes up to ``max_batch`` requests (or what arrived within ``max_wait_ms``), runs all their texts as one
 batch (through ``bertopt.runtime.Predictor`` or a running ``bertopt serve`` cluster), writes one response per
 request to the response topic, keyed by the request's key::
 
     {"id": "r-1", "embedding": [...], "artifact": "<digest>"}            ("embeddings": [[...]] for "texts")
-    {"id": 7, "logits": [...], "label": "POSITIVE", "artifact": ...}     (classifier artifacts)
+    {"id": 7, "task": "classification", "result": {"label": "POSITIVE", "score": 0.93, "scores": {...}},
+     "label": "POSITIVE", "artifact": ...}                                  (task models: "results" for "texts";
+                                                                            entities, rerank score, sparse vector)
     {"id": "r-2", "error": "<problem>; <fix>", "artifact": ...}          (a malformed request)
 
 and only after the broker acknowledged every response does it commit the batch's offsets (auto-commit is off).
@@ -97,6 +101,8 @@ class ParsedRequest:
     texts: list[str]
     single: bool          # "text" (one embedding) rather than "texts" (a list)
     error: str | None = None
+    pairs: list[str] | None = None  # "pair" / "pairs": the second texts (rerank passages)
+    aggregation: str = "simple"     # token classification
 
 
 def parse_request(value: bytes | None, max_texts: int = 256) -> ParsedRequest:
@@ -118,43 +124,66 @@ def parse_request(value: bytes | None, max_texts: int = 256) -> ParsedRequest:
     if has_text == has_texts:
         return ParsedRequest(rid, [], True, "a request needs exactly one of 'text' (a string) or 'texts' "
                                             "(a list of strings)")
+    aggregation = body.get("aggregation", "simple")
+    if not isinstance(aggregation, str):
+        return ParsedRequest(rid, [], has_text, "'aggregation' must be a string")
     if has_text:
         if not isinstance(body["text"], str):
             return ParsedRequest(rid, [], True, f"'text' must be a string, got {type(body['text']).__name__}")
-        return ParsedRequest(rid, [body["text"]], True)
+        if "pairs" in body:
+            return ParsedRequest(rid, [], True, "a 'text' request takes one 'pair', not 'pairs'")
+        pair = body.get("pair")
+        if pair is not None and not isinstance(pair, str):
+            return ParsedRequest(rid, [], True, f"'pair' must be a string, got {type(pair).__name__}")
+        return ParsedRequest(rid, [body["text"]], True, pairs=None if pair is None else [pair],
+                             aggregation=aggregation)
     texts = body["texts"]
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         return ParsedRequest(rid, [], False, "'texts' must be a list of strings")
     if len(texts) > max_texts:
         return ParsedRequest(rid, [], False, f"{len(texts)} texts in one request exceed the limit of {max_texts}; "
                                              "split the request (or raise --max-texts-per-request)")
-    return ParsedRequest(rid, list(texts), False)
+    if "pair" in body:
+        return ParsedRequest(rid, [], False, "a 'texts' request takes 'pairs' (a list), not 'pair'")
+    pairs = body.get("pairs")
+    if pairs is not None and (not isinstance(pairs, list) or not all(isinstance(p, str) for p in pairs)
+                              or len(pairs) != len(texts)):
+        return ParsedRequest(rid, [], False, "'pairs' must be a list of strings, one per text")
+    return ParsedRequest(rid, list(texts), False, pairs=None if pairs is None else list(pairs),
+                         aggregation=aggregation)
 
 
 class ResponseFormat:
-    """How an artifact's primary output becomes response fields: an embedding, or logits plus a label."""
+    """How results become response fields: an embedding (``embedding`` / ``embeddings``), or a task model's
+    results (``result`` / ``results``, as ``Predictor.predict`` gives them; classifiers also ``label(s)``)."""
 
     def __init__(self, model_info: dict[str, Any], digest: str):
+        from bertopt.runtime.tasks import normalize_task
+
         self.digest = digest
-        self.classifier = model_info.get("task") == "classifier"
-        id2label = model_info.get("id2label") or {}
-        self.labels = {int(k): v for k, v in id2label.items()}
+        self.task = normalize_task(model_info.get("task")) or "embedding"
 
-    def label(self, logits: np.ndarray) -> Any:
-        index = int(np.argmax(logits))
-        return self.labels.get(index, index)
-
-    def ok(self, rid: Any, values: np.ndarray, single: bool) -> dict[str, Any]:
+    def ok(self, rid: Any, values, single: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"id": rid}
-        if self.classifier:
+        if self.task == "embedding":
+            values = np.asarray(values, dtype=np.float32)
             if single:
-                out["logits"], out["label"] = values[0].tolist(), self.label(values[0])
+                out["embedding"] = values[0].tolist()
             else:
-                out["logits"], out["labels"] = values.tolist(), [self.label(v) for v in values]
-        elif single:
-            out["embedding"] = values[0].tolist()
+                out["embeddings"] = values.tolist()
         else:
-            out["embeddings"] = values.tolist()
+            from bertopt.runtime.tasks import jsonable
+
+            results = jsonable(list(values))
+            out["task"] = self.task
+            if single:
+                out["result"] = results[0]
+                if self.task == "classification":
+                    out["label"] = results[0]["label"]
+            else:
+                out["results"] = results
+                if self.task == "classification":
+                    out["labels"] = [r["label"] for r in results]
         out["artifact"] = self.digest
         return out
 
@@ -177,6 +206,9 @@ class LocalBackend:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.predictor.encode(list(texts))
+
+    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, aggregation: str = "simple") -> list:
+        return self.predictor.predict(list(texts), pairs, aggregation=aggregation)
 
     def close(self) -> None:
         return None
@@ -215,6 +247,16 @@ class ZmqBackend:
             raise BackendFailed(f"{exc}; the batch was not committed and will be processed again") from None
         except ServerError as exc:
             # the server refused this input: answered request by request (see KafkaBridge._predict)
+            raise UserError(str(exc)) from None
+
+    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, aggregation: str = "simple") -> list:
+        from bertopt.client import ServerError, ServerTimeout
+
+        try:
+            return self.client.predict(list(texts), pairs, aggregation=aggregation)
+        except ServerTimeout as exc:
+            raise BackendFailed(f"{exc}; the batch was not committed and will be processed again") from None
+        except ServerError as exc:
             raise UserError(str(exc)) from None
 
     def close(self) -> None:
@@ -417,27 +459,44 @@ class KafkaBridge:
                 # never losses), so this is logged, not fatal
                 log.warning("commit failed (%s); those requests will be answered again", exc.args[0].str())
 
+    def _run(self, texts: list[str], pairs: list[str] | None, aggregation: str):
+        """Embeddings (an array) from an embedding model, else the task results (a list)."""
+        if self.format.task == "embedding":
+            if pairs is not None:
+                raise UserError("an embedding model takes single texts; drop 'pair' / 'pairs'")
+            return self.backend.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
+        return self.backend.predict(texts, pairs, aggregation) if texts else []
+
     def _predict(self, ok: list[tuple[Any, ParsedRequest]]) -> list[tuple[Any, dict[str, Any]]]:
         if not ok:
             return []
-        texts = [t for _, req in ok for t in req.texts]
-        try:
-            values = self.backend.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
-        except UserError as exc:
-            # an input the model refuses: answer request by request so one bad request cannot sink the batch
-            log.warning("batch refused (%s); retrying request by request", exc)
-            return [self._predict_one(msg, req) for msg, req in ok]
-        self.counters.texts += len(texts)
-        out, start = [], 0
+        # one model call per kind of request (with or without pairs, aggregation): usually just one
+        groups: dict[tuple[bool, str], list[tuple[Any, ParsedRequest]]] = {}
         for msg, req in ok:
-            n = len(req.texts)
-            out.append((msg, self.format.ok(req.id, values[start:start + n], req.single)))
-            start += n
-        return out
+            groups.setdefault((req.pairs is not None, req.aggregation), []).append((msg, req))
+        answered: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for (with_pairs, aggregation), members in groups.items():
+            texts = [t for _, req in members for t in req.texts]
+            pairs = [p for _, req in members for p in req.pairs] if with_pairs else None
+            try:
+                values = self._run(texts, pairs, aggregation)
+            except UserError as exc:
+                # an input the model refuses: answer request by request so one bad request cannot sink the batch
+                log.warning("batch refused (%s); retrying request by request", exc)
+                for msg, req in members:
+                    answered[id(msg)] = self._predict_one(msg, req)
+                continue
+            self.counters.texts += len(texts)
+            start = 0
+            for msg, req in members:
+                n = len(req.texts)
+                answered[id(msg)] = (msg, self.format.ok(req.id, values[start:start + n], req.single))
+                start += n
+        return [answered[id(msg)] for msg, _ in ok]
 
     def _predict_one(self, msg, req: ParsedRequest) -> tuple[Any, dict[str, Any]]:
         try:
-            values = self.backend.encode(req.texts) if req.texts else np.zeros((0, 0), dtype=np.float32)
+            values = self._run(req.texts, req.pairs, req.aggregation)
         except UserError as exc:
             self.counters.errors += 1
             return msg, self.format.error(req.id, str(exc))

@@ -226,3 +226,26 @@ class Predictor:
         if self.is_token_level(self.primary_output):
             raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")
         return out
+
+    # -- task-level results (bertopt.runtime.tasks) ---------------------------------------------------------
+    @property
+    def task(self) -> str:
+        """embedding, classification, token-classification, rerank or sparse-embedding."""
+        from bertopt.runtime.tasks import task_of
+
+        return task_of(self.artifact)
+
+    def predict(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, aggregation: str = "simple",
+                ignore_labels: Sequence[str] | None = None) -> list[Any]:
+        """One task result per text: classification ``{"label", "score", "scores"}``; token classification a
+        list of entities (transformers-pipeline ``aggregation``: none, simple, first, average, max); rerank a
+        score per (text, pair); sparse embedding ``{"indices", "values"}``; embedding the vector."""
+        from bertopt.runtime.tasks import predict
+
+        return predict(self, texts, pairs, aggregation=aggregation, ignore_labels=ignore_labels)
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None) -> list[dict[str, Any]]:
+        """Passages sorted by relevance to ``query`` (rerank models): ``[{"index", "score", "text"}]``."""
+        from bertopt.runtime.tasks import rerank
+
+        return rerank(self, query, passages, top_k=top_k)

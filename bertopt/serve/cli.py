@@ -1,4 +1,4 @@
-"""``bertopt serve`` and ``bertopt client encode|status``; heavy imports (zmq, onnxruntime) stay inside."""
+"""``bertopt serve`` and ``bertopt client encode|predict|status``; heavy imports (zmq, onnxruntime) stay inside."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ def _fetch_status(ip: str, port: int, port_out: int, timeout: float, curve_keys:
 
 
 def register(app: typer.Typer) -> None:
+    _register_serve(app)
+    _register_client(app)
+
+
+def _register_serve(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_command(
         artifact: Optional[Path] = typer.Argument(None, help="Artifact folder to serve (not needed with --status "
@@ -67,8 +72,27 @@ def register(app: typer.Typer) -> None:
                                      help="Port clients subscribe to for replies."),
         num_worker: int = typer.Option(1, "--num-worker", "-n", min=1, help="Worker processes, each with one runtime "
                                        "session; on CPU the cores are split between them."),
-        max_batch_size: int = typer.Option(256, "--max-batch-size", min=1, help="Largest mini-job: bigger requests are "
-                                           "split into mini-jobs of at most this many texts."),
+        max_batch_size: int = typer.Option(256, "--max-batch-size", min=1, help="Most texts in one mini-job."),
+        max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", min=1, help="Most tokens in one mini-job: "
+                                             "requests are cut into, and packed into, mini-jobs of at most this "
+                                             "many tokens (ZeroMQ and HTTP alike)."),
+        http_port: Optional[int] = typer.Option(None, "--http-port", min=1, max=65535,
+                                                help="Also serve HTTP on this port: OpenAI /v1/embeddings and TEI "
+                                                "/embed, /predict, /rerank, /tokenize, /health, /info, /metrics."),
+        zmq: bool = typer.Option(True, "--zmq/--no-zmq", help="Serve ZeroMQ on --port/--port-out (--no-zmq "
+                                 "with --http-port: HTTP only)."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="BERTOPT_API_KEY", help="HTTP clients "
+                                              "must send 'Authorization: Bearer KEY' (env BERTOPT_API_KEY)."),
+        max_client_batch_size: int = typer.Option(2048, "--max-client-batch-size", min=1, help="Most inputs in one "
+                                                  "HTTP request (more: 413)."),
+        max_concurrent_requests: int = typer.Option(512, "--max-concurrent-requests", min=1, help="HTTP requests "
+                                                    "admitted at once; beyond it: 429 with Retry-After."),
+        request_timeout: float = typer.Option(60.0, "--request-timeout", min=0.001, help="Seconds an HTTP request may "
+                                              "wait for its answer (then 504)."),
+        bulk_nice: int = typer.Option(10, "--bulk-nice", min=0, max=19,
+                                      help="Nice value of the workers' bulk-lane threads (0-19): under a "
+                                      "flood, small (priority) requests get the cores first. 0 gives bulk work the "
+                                      "same priority."),
         priority_batch_size: int = typer.Option(16, "--priority-batch-size", min=0, help="Requests of at most this "
                                                 "many texts go to the priority lane and never wait behind "
                                                 "large requests (0 disables it)."),
@@ -95,15 +119,17 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(10.0, "--timeout", min=0.001,
                                       help="With --status: seconds to wait for the server."),
     ) -> None:
-        """Serve an artifact over ZeroMQ (bert-as-service compatible: BertClient works unchanged).
+        """Serve an artifact over ZeroMQ (bert-as-service compatible: BertClient works unchanged) and/or HTTP
+        (OpenAI /v1/embeddings and Hugging Face TEI routes) from one worker fleet.
 
         One ventilator splits requests into mini-jobs and balances them over worker processes (each running the
         artifact through bertopt's runtime, so what is served is what was validated); a sink reassembles and
         publishes each reply. Small requests have their own lane and do not wait behind large ones; a worker
         that dies is restarted and its work re-sent. SIGTERM/Ctrl-C finishes in-flight requests, then exits 0.
 
-        Example: [bold]bertopt serve artifacts/minilm/03-quantize --num-worker 2[/], then
-        [bold]bertopt client encode "hello world"[/] or [bold]bertopt serve --status[/].
+        Example: [bold]bertopt serve artifacts/minilm/03-quantize --num-worker 2 --http-port 8080[/], then
+        [bold]bertopt client encode "hello world"[/], [bold]curl localhost:8080/embed -d '{"inputs":"hi"}'[/]
+        or [bold]bertopt serve --status[/].
         """
         if make_curve_keys:
             from bertopt.serve.server import make_curve_keys as make
@@ -124,14 +150,20 @@ def register(app: typer.Typer) -> None:
         if warning:
             typer.echo(warning, err=True)
         cfg = ServeConfig(artifact=str(artifact), port=port, port_out=port_out, bind=bind, num_worker=num_worker,
-                          max_batch_size=max_batch_size, priority_batch_size=priority_batch_size,
-                          max_seq_len=max_seq_len, device_map=_device_map(device_map), provider=provider,
+                          max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
+                          priority_batch_size=priority_batch_size, max_seq_len=max_seq_len,
+                          device_map=_device_map(device_map), provider=provider,
                           threads_per_worker=threads_per_worker, max_request_bytes=max_request_bytes,
-                          grace_s=grace, curve_keys=curve_keys)
+                          grace_s=grace, curve_keys=curve_keys, zmq=zmq, http_port=http_port, api_key=api_key,
+                          max_client_batch_size=max_client_batch_size,
+                          max_concurrent_requests=max_concurrent_requests, request_timeout_s=request_timeout,
+                          bulk_nice=bulk_nice)
 
         # each worker logs "worker i ready" to stderr as it loads; the ready line goes to stdout
         serve(cfg, on_ready=lambda line: print(line, flush=True))
 
+
+def _register_client(app: typer.Typer) -> None:
     client_app = typer.Typer(help="Talk to a running 'bertopt serve' (or bert-as-service) server.",
                              no_args_is_help=True)
     app.add_typer(client_app, name="client")
@@ -166,6 +198,33 @@ def register(app: typer.Typer) -> None:
             for text, vec in zip(texts, vectors):
                 head = ", ".join(f"{v:+.4f}" for v in vec[:4])
                 print(f"{text[:40]!r:44} d={len(vec)} norm={np.linalg.norm(vec):.4f} [{head}, ...]")
+
+    @client_app.command("predict")
+    def client_predict(
+        texts: List[str] = typer.Argument(..., help="Texts (rerank: the queries).", show_default=False),
+        pair: Optional[List[str]] = typer.Option(None, "--pair", help="Second text of each input, once per text "
+                                                 "(rerank: the passage each query is scored with)."),
+        aggregation: Optional[str] = typer.Option(None, "--aggregation", help="Token classification: none, simple, "
+                                                  "first, average or max (default: simple)."),
+        ip: str = typer.Option("127.0.0.1", "--ip", help=_ADDR_HELP),
+        port: int = typer.Option(5555, "--port", "-p", help="The server's request port."),
+        port_out: int = typer.Option(5556, "--port-out", help="The server's reply port."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the reply."),
+        curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Key folder for a CurveZMQ server."),
+    ) -> None:
+        """The served model's task results, one JSON line per text: label + score for classifiers, entities for
+        token classification, a score for rerank (with --pair), indices + values for SPLADE, the vector for
+        embeddings."""
+        from bertopt.client import Client, ServerError, ServerTimeout
+
+        try:
+            with Client(ip, port, port_out, timeout=timeout, curve_keys=curve_keys) as client:
+                results = client.predict(texts, pair or None, aggregation=aggregation)
+        except (ServerTimeout, ServerError) as exc:
+            raise UserError(str(exc)) from None
+        for i, (text, result) in enumerate(zip(texts, results)):
+            row = {"text": text, **({"pair": pair[i]} if pair else {}), "result": result}
+            print(json.dumps(row))
 
     @client_app.command("status")
     def client_status(

@@ -37,6 +37,7 @@ class ServeConfig:
     bind: str = "127.0.0.1"
     num_worker: int = 1
     max_batch_size: int = 256
+    max_batch_tokens: int = 16384
     priority_batch_size: int = 16
     max_seq_len: int | None = None
     device_map: list[int] | None = None
@@ -47,8 +48,33 @@ class ServeConfig:
     startup_timeout_s: float = 300.0
     curve_keys: str | None = None
     log_level: str = "INFO"
+    zmq: bool = True
+    http_port: int | None = None
+    api_key: str | None = None
+    max_client_batch_size: int = 2048
+    max_concurrent_requests: int = 512
+    request_timeout_s: float = 60.0
+    bulk_nice: int = 10
+
+    @property
+    def priority_tokens(self) -> int:
+        """A priority request (and a priority mini-job) holds at most this many tokens."""
+        return max(512, self.max_batch_tokens // 8)
 
     def check(self) -> None:
+        if not self.zmq and self.http_port is None:
+            raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
+        if self.http_port is not None and not 1 <= self.http_port <= 65535:
+            raise UserError(f"--http-port {self.http_port} is not a TCP port; use 1-65535")
+        for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1)):
+            if getattr(self, name) < low:
+                raise UserError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+        if not 0 <= self.bulk_nice <= 19:
+            raise UserError(f"--bulk-nice must be 0-19, got {self.bulk_nice}")
+        if self.request_timeout_s <= 0:
+            raise UserError(f"--request-timeout must be positive, got {self.request_timeout_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise UserError("--api-key is empty; give a secret, or leave the option out")
         for name in ("port", "port_out"):
             value = getattr(self, name)
             if not 1 <= value <= 65535:
@@ -83,14 +109,21 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     seq = int(max_seq_len or info.get("max_seq_len") or model_max)
     if seq > model_max:
         raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    from bertopt.runtime.tasks import task_of, task_output
+
+    task = task_of(art)
     outputs = {o["name"]: o for o in art.outputs}
-    primary = art.primary_output
+    primary = task_output(art, task)
     shape = outputs[primary].get("shape", [])
-    if "sequence" in [str(d) for d in shape]:
-        raise UserError(f"the artifact's primary output {primary!r} is per-token; bertopt serve returns one "
-                        "vector per text, serve a pooled (sentence-embedding or classifier) artifact")
+    token_level = "sequence" in [str(d) for d in shape]
+    if token_level and task != "token-classification":
+        raise UserError(f"the artifact's {task} output {primary!r} is per-token; bertopt serve returns one "
+                        "result per text, serve a pooled (embedding, classification, rerank or sparse) artifact")
     return {"artifact": str(art.path.absolute()), "digest": art.digest, "precision": art.precision,
-            "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None}
+            "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None, "output": primary,
+            "task": task, "tokenizer": str(art.tokenizer_path),
+            "id2label": info.get("id2label"), "problem_type": info.get("problem_type"),
+            "model_info": info, "token_level": token_level}
 
 
 def _curve_server_keys(keys_dir: str | None) -> tuple[str, str] | None:
@@ -134,13 +167,15 @@ class Server:
         self.threads = cfg.threads()
         self.sink_proc: subprocess.Popen | None = None
         self.ventilator = None
+        self.http = None  # the HTTP front end (bertopt.serve.http_front.HttpFront), when --http-port
         self.ctx = None
         self.auth = None
         self._stopped = False
 
-    def _start_sink(self, zmq, curve) -> str:
-        scfg = {"bind": self.cfg.bind, "port_out": self.cfg.port_out, "grace_s": self.cfg.grace_s,
-                "log_level": self.cfg.log_level, "curve_secret": curve[1] if curve else None,
+    def _start_sink(self, curve, http_reply: str | None) -> str:
+        scfg = {"bind": self.cfg.bind, "port_out": self.cfg.port_out if self.cfg.zmq else None,
+                "grace_s": self.cfg.grace_s, "log_level": self.cfg.log_level,
+                "curve_secret": curve[1] if curve else None, "http_reply": http_reply,
                 "curve_authorized": str(Path(self.cfg.curve_keys) / "authorized") if curve else None}
         self.sink_proc = subprocess.Popen([sys.executable, "-m", "bertopt.serve.sink", json.dumps(scfg)],
                                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -155,19 +190,11 @@ class Server:
             raise UserError(line[6:])
         raise UserError("the sink process did not start; see the log above")
 
-    def start(self, progress: Callable[[int, int], None] | None = None) -> None:
-        zmq = require("zmq", "serve", "bertopt serve")
-        from bertopt.serve.ventilator import Ventilator
-
+    def _bind_frontend(self, zmq, curve):
+        """The ZeroMQ request port (PULL), or None when serving HTTP only."""
         cfg = self.cfg
-        curve = _curve_server_keys(cfg.curve_keys)
-        self.ctx = zmq.Context()
-        if curve:
-            from zmq.auth.thread import ThreadAuthenticator
-
-            self.auth = ThreadAuthenticator(self.ctx)
-            self.auth.start()
-            self.auth.configure_curve(domain="*", location=str(Path(cfg.curve_keys) / "authorized"))
+        if not cfg.zmq:
+            return None
         frontend = self.ctx.socket(zmq.PULL)
         frontend.setsockopt(zmq.LINGER, 0)
         frontend.setsockopt(zmq.RCVHWM, 0)
@@ -180,11 +207,44 @@ class Server:
             frontend.bind(f"tcp://{cfg.bind}:{cfg.port}")
         except zmq.ZMQError as exc:
             frontend.close(0)
-            self.close()
             raise UserError(f"cannot bind {cfg.bind}:{cfg.port} ({exc}); choose another --port or stop the "
                             "process using it") from None
+        return frontend
+
+    def _start_curve(self, zmq):
+        curve = _curve_server_keys(self.cfg.curve_keys)
+        if curve:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=str(Path(self.cfg.curve_keys) / "authorized"))
+        return curve
+
+    def _make_http(self, zmq):
+        """The HTTP front end, its socket bound now (a taken port fails before any worker starts)."""
+        if self.cfg.http_port is None:
+            return None, None, None
+        from bertopt.serve.http_front import HttpFront
+
+        self.http = HttpFront(self.cfg, self.facts, self.ctx)
+        http_in = self.ctx.socket(zmq.PULL)
+        http_in.setsockopt(zmq.RCVHWM, 0)
+        http_in.bind(self.http.request_address)
+        return self.http, http_in, self.http.reply_address
+
+    def start(self, progress: Callable[[int, int], None] | None = None) -> None:
+        zmq = require("zmq", "serve", "bertopt serve")
+        from bertopt.runtime.predictor import load_tokenizer
+        from bertopt.serve.ventilator import Ventilator
+
+        cfg = self.cfg
+        self.ctx = zmq.Context()
         try:
-            sink_addr = self._start_sink(zmq, curve)
+            curve = self._start_curve(zmq)
+            frontend = self._bind_frontend(zmq, curve)
+            http, http_in, http_reply = self._make_http(zmq)
+            sink_addr = self._start_sink(curve, http_reply)
             sink = self.ctx.socket(zmq.PUSH)
             sink.setsockopt(zmq.LINGER, 5000)
             sink.connect(sink_addr)
@@ -192,52 +252,78 @@ class Server:
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             router.setsockopt(zmq.LINGER, 1000)
             router_port = router.bind_to_random_port("tcp://127.0.0.1")
-            vcfg = {**asdict(cfg), **self.facts, "wire_version": WIRE_VERSION, "threads_per_worker": self.threads}
+            vcfg = {**asdict(cfg), **self.facts, "wire_version": WIRE_VERSION, "threads_per_worker": self.threads,
+                    "priority_tokens": cfg.priority_tokens}
+            vcfg.pop("api_key", None)
             wcfg = {"artifact": self.facts["artifact"], "provider": "cuda" if cfg.device_map else cfg.provider,
                     "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
-                    "ventilator": f"tcp://127.0.0.1:{router_port}", "sink": sink_addr,
-                    "log_level": cfg.log_level}
-            self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, wcfg)
+                    "output": self.facts["output"], "bulk_nice": cfg.bulk_nice,
+                    "ventilator": f"tcp://127.0.0.1:{router_port}",
+                    "sink": sink_addr, "log_level": cfg.log_level}
+            tokenizer = load_tokenizer(Path(self.facts["tokenizer"]), self.facts["max_seq_len"])
+            self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, wcfg, http_in=http_in,
+                                         tokenizer=tokenizer, metrics=http.metrics if http else None)
+            if http is not None:
+                http.start(self.ventilator)  # answers /health with 503 until the workers are ready
             self.ventilator.start_workers(cfg.startup_timeout_s, progress)
+            if http is not None:
+                http.set_ready()
         except BaseException:
             self.shutdown(graceful=False)
             raise
 
     def describe(self) -> str:
         c = self.cfg
-        return (f"bertopt serve: ready on tcp://{c.bind}:{c.port} (requests) and :{c.port_out} (replies); "
-                f"{c.num_worker} worker(s) x {self.threads} thread(s), max batch {c.max_batch_size}, "
-                f"priority <= {c.priority_batch_size} texts, max_seq_len {self.facts['max_seq_len']}"
+        where = []
+        if c.zmq:
+            where.append(f"tcp://{c.bind}:{c.port} (requests) and :{c.port_out} (replies)")
+        if c.http_port is not None:
+            where.append(f"http://{c.bind}:{c.http_port}" + (" (API key required)" if c.api_key else ""))
+        return (f"bertopt serve: ready on {' and '.join(where)}; {c.num_worker} worker(s) x {self.threads} "
+                f"thread(s), task {self.facts['task']}, max batch {c.max_batch_size} texts / {c.max_batch_tokens} "
+                f"tokens, priority <= {c.priority_batch_size} texts, max_seq_len {self.facts['max_seq_len']}"
                 + (", CurveZMQ on" if c.curve_keys else ""))
 
     def run(self, should_stop: Callable[[], bool]) -> None:
-        self.ventilator.run(should_stop)
+        http = self.http
+
+        def stopping() -> bool:
+            if should_stop():
+                if http is not None:
+                    http.begin_shutdown()  # no new connections; admitted requests are still answered
+                return True
+            return False
+
+        self.ventilator.run(stopping, http_stopped=http.stopped if http is not None else lambda: True)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop workers and sink; kill whatever does not stop in time. Leaves no child process behind."""
         if self._stopped:
             return
         self._stopped = True
+        if self.http is not None:
+            self.http.close()
         v = self.ventilator
         if v is not None:
             v.stop_workers(timeout_s=10.0 if graceful else 0.5)
             if graceful:
                 v.stop_sink()
-        if self.sink_proc is not None:
-            if not graceful:
-                self.sink_proc.terminate()
-            try:
-                self.sink_proc.wait(self.cfg.grace_s + 5 if graceful else 5)
-            except subprocess.TimeoutExpired:
-                log.warning("sink did not stop in time; killing it")
-                self.sink_proc.kill()
-                self.sink_proc.wait(10)
+        self._stop_sink(graceful)
         if v is not None:
-            for slot in v.workers:  # workers that never got a STOP (start-up failed) are killed here
-                if slot.proc is not None and slot.proc.poll() is None:
-                    slot.proc.kill()
-                    slot.proc.wait(10)
+            v.pool.kill_all()
         self.close()
+
+    def _stop_sink(self, graceful: bool) -> None:
+        if self.sink_proc is None:
+            return
+        if not graceful:
+            self.sink_proc.kill()  # it ignores SIGTERM (see sink.main)
+        try:
+            self.sink_proc.wait(self.cfg.grace_s + 5 if graceful else 5)
+        except subprocess.TimeoutExpired:
+            log.warning("sink did not stop in time; killing it")
+            self.sink_proc.kill()
+            self.sink_proc.wait(10)
 
     def close(self) -> None:
         if self.auth is not None:

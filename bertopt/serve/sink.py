@@ -21,7 +21,17 @@ import sys
 import time
 from collections import OrderedDict, deque
 
-from bertopt.protocol import CONFIG, ERROR, RESULT, SINK_STOP, config_reply, error_reply, ndarray_reply
+from bertopt.protocol import (
+    CONFIG,
+    ERROR,
+    HTTP_IDENTITY,
+    RESULT,
+    SINK_STOP,
+    config_reply,
+    error_reply,
+    ndarray_reply,
+)
+from bertopt.serve.task_replies import TASK_RESULT, TaskAssembly, task_reply
 
 log = logging.getLogger("bertopt.serve.sink")
 FINISHED_MEMORY = 200_000  # answered request keys remembered to drop late duplicates
@@ -37,12 +47,31 @@ class Assembler:
         self.open: dict[tuple[bytes, bytes], dict] = {}
         self.finished: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
         self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0}
+        self.tasks = TaskAssembly()  # predict requests: JSON task results
 
     def _finish(self, key) -> None:
         self.finished[key] = None
         if len(self.finished) > FINISHED_MEMORY:
             self.finished.popitem(last=False)
         self.open.pop(key, None)
+        self.tasks.open.pop(key, None)
+
+    def task_result(self, identity, request_id, job_index, n_jobs, n_texts, offset, payload):
+        """Like ``result`` for a predict request's slice of JSON task results."""
+        key = (identity, request_id)
+        if key in self.finished:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        results = self.tasks.add(key, job_index, n_jobs, n_texts, offset, payload)
+        if results is False:
+            self.counters["duplicates_dropped"] += 1
+            return None
+        self.counters["results"] += 1
+        if results is None:
+            return None
+        self._finish(key)
+        self.counters["replies"] += 1
+        return task_reply(identity, request_id, results)
 
     def result(self, identity, request_id, job_index, n_jobs, n_texts, offset, dim, data):
         """Returns the reply frames when this result completes its request, else None."""
@@ -77,134 +106,208 @@ class Assembler:
         return error_reply(identity, request_id, message)
 
 
-def run_sink(cfg: dict) -> int:
-    import zmq
+class SinkSockets:
+    """The sink's sockets: results in (PULL), replies out (XPUB for ZeroMQ clients, a PUSH to the server
+    process for the HTTP front end's requests)."""
 
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, 0)
-    pub = ctx.socket(zmq.XPUB)
-    pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-    pub.setsockopt(zmq.SNDHWM, 0)  # a reply is never dropped by the high-water mark
-    pub.setsockopt(zmq.LINGER, 2000)
-    auth = None
-    if cfg.get("curve_secret"):
-        from zmq.auth.thread import ThreadAuthenticator
+    def __init__(self, cfg: dict):
+        import zmq
 
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve(domain="*", location=cfg["curve_authorized"])
-        pub.setsockopt(zmq.CURVE_SERVER, 1)
-        pub.setsockopt(zmq.CURVE_SECRETKEY, cfg["curve_secret"].encode())
-    try:
-        port = pull.bind_to_random_port("tcp://127.0.0.1")
-        pub.bind(f"tcp://{cfg['bind']}:{cfg['port_out']}")
-    except zmq.ZMQError as exc:
-        print(f"ERROR cannot bind the output port {cfg['bind']}:{cfg['port_out']} ({exc}); "
-              "choose another --port-out or stop the process using it", flush=True)
-        if auth is not None:
-            auth.stop()
-        ctx.destroy(0)
-        return 1
-    print(f"PORT {port}", flush=True)
+        self.zmq = zmq
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.pub.setsockopt(zmq.SNDHWM, 0)  # a reply is never dropped by the high-water mark
+        self.pub.setsockopt(zmq.LINGER, 2000)
+        self.http = None
+        if cfg.get("http_reply"):
+            self.http = self.ctx.socket(zmq.PUSH)
+            self.http.setsockopt(zmq.SNDHWM, 0)
+            self.http.setsockopt(zmq.LINGER, 2000)
+            self.http.connect(cfg["http_reply"])
+        self.auth = None
+        if cfg.get("curve_secret"):
+            from zmq.auth.thread import ThreadAuthenticator
 
-    asm = Assembler()
-    subscribed: set[bytes] = set()
-    held: dict[bytes, deque] = {}  # identity -> replies waiting for that client's subscription
-    hold_s = float(cfg.get("hold_s", 10.0))
-    configs = 0
-    expected: int | None = None
-    stop_deadline = 0.0
-    ppid = os.getppid()
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=cfg["curve_authorized"])
+            self.pub.setsockopt(zmq.CURVE_SERVER, 1)
+            self.pub.setsockopt(zmq.CURVE_SECRETKEY, cfg["curve_secret"].encode())
 
-    def is_subscribed(identity: bytes) -> bool:
-        return identity in subscribed or b"" in subscribed or any(identity.startswith(s) for s in subscribed)
+    def bind(self, cfg: dict) -> int | None:
+        """The internal PULL port, or None (after printing the error line) when the output port is taken."""
+        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        if cfg.get("port_out") is None:  # HTTP only: no ZeroMQ clients to publish to
+            return port
+        try:
+            self.pub.bind(f"tcp://{cfg['bind']}:{cfg['port_out']}")
+        except self.zmq.ZMQError as exc:
+            print(f"ERROR cannot bind the output port {cfg['bind']}:{cfg['port_out']} ({exc}); "
+                  "choose another --port-out or stop the process using it", flush=True)
+            self.close(linger=0)
+            return None
+        return port
 
-    def publish(frames) -> None:
+    def close(self, linger: int | None = None) -> None:
+        self.pull.close(0)
+        self.pub.close(linger)  # linger: lets the last replies leave
+        if self.http is not None:
+            self.http.close(linger)
+        if self.auth is not None:
+            self.auth.stop()
+        self.ctx.term()
+
+
+class Publisher:
+    """Sends replies: to the HTTP front end, or on the XPUB once the client has subscribed (held until then,
+    up to ``hold_s``)."""
+
+    def __init__(self, sockets: SinkSockets, hold_s: float, port_out):
+        self.s = sockets
+        self.hold_s = hold_s
+        self.port_out = port_out
+        self.subscribed: set[bytes] = set()
+        self.held: dict[bytes, deque] = {}  # identity -> replies waiting for that client's subscription
+
+    def is_subscribed(self, identity: bytes) -> bool:
+        return (identity in self.subscribed or b"" in self.subscribed
+                or any(identity.startswith(s) for s in self.subscribed))
+
+    def publish(self, frames) -> None:
         identity = frames[0]
-        if is_subscribed(identity):
-            pub.send_multipart(frames, copy=False)
+        if self.s.http is not None and identity.startswith(HTTP_IDENTITY):
+            self.s.http.send_multipart(frames, copy=False)
+        elif self.is_subscribed(identity):
+            self.s.pub.send_multipart(frames, copy=False)
         else:
-            held.setdefault(identity, deque()).append((time.monotonic() + hold_s, frames))
+            self.held.setdefault(identity, deque()).append((time.monotonic() + self.hold_s, frames))
 
-    poller = zmq.Poller()
-    poller.register(pull, zmq.POLLIN)
-    poller.register(pub, zmq.POLLIN)
-    while True:
-        events = dict(poller.poll(200))
-        if pub in events:
-            while True:
-                try:
-                    msg = pub.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                topic = msg[1:]
-                if msg[:1] == b"\x01":
-                    subscribed.add(topic)
-                    for identity in [i for i in held if is_subscribed(i)]:
-                        for _, frames in held.pop(identity):
-                            pub.send_multipart(frames, copy=False)
-                elif msg[:1] == b"\x00":
-                    subscribed.discard(topic)
-        if pull in events:
-            for _ in range(1000):
-                try:
-                    frames = pull.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                tag = frames[0]
-                reply = None
-                if tag == RESULT and len(frames) == 9:
-                    identity, request_id = frames[1], frames[2]
-                    job_index, n_jobs, n_texts, offset, dim = (int(f) for f in frames[3:8])
-                    reply = asm.result(identity, request_id, job_index, n_jobs, n_texts, offset, dim, frames[8])
-                elif tag == ERROR and len(frames) == 4:
-                    reply = asm.error(frames[1], frames[2], frames[3].decode(errors="replace"))
-                elif tag == CONFIG and len(frames) == 4:
-                    status = json.loads(frames[3])
-                    status.update({"replies_sent": asm.counters["replies"], "error_replies": asm.counters["errors"],
-                                   "duplicates_dropped": asm.counters["duplicates_dropped"],
-                                   "requests_assembling": len(asm.open),
-                                   "replies_waiting_for_subscriber": sum(len(q) for q in held.values())})
-                    reply = config_reply(frames[1], frames[2], status)
-                    configs += 1
-                elif tag == SINK_STOP:
-                    expected = int(frames[1])
-                    stop_deadline = time.monotonic() + float(cfg.get("grace_s", 30.0))
-                else:
-                    log.error("sink: dropped an internal message with tag %r and %d frames", tag[:10], len(frames))
-                if reply is not None:
-                    publish(reply)
-        now = time.monotonic()
-        for identity in list(held):
-            q = held[identity]
+    def on_subscriptions(self) -> None:
+        while True:
+            try:
+                msg = self.s.pub.recv(self.s.zmq.NOBLOCK)
+            except self.s.zmq.Again:
+                break
+            topic = msg[1:]
+            if msg[:1] == b"\x01":
+                self.subscribed.add(topic)
+                for identity in [i for i in self.held if self.is_subscribed(i)]:
+                    for _, frames in self.held.pop(identity):
+                        self.s.pub.send_multipart(frames, copy=False)
+            elif msg[:1] == b"\x00":
+                self.subscribed.discard(topic)
+
+    def expire(self, now: float) -> None:
+        for identity in list(self.held):
+            q = self.held[identity]
             while q and q[0][0] < now:
                 q.popleft()
                 log.warning("sink: dropped a reply for client %r: it never subscribed to port %s within %.0f s",
-                            identity[:40], cfg["port_out"], hold_s)
+                            identity[:40], self.port_out, self.hold_s)
             if not q:
-                del held[identity]
-        if expected is not None:
-            answered = asm.counters["replies"] + asm.counters["errors"] + configs
-            if (answered >= expected and not held) or now > stop_deadline:
-                if answered < expected:
-                    log.error("sink: stopping with %d of %d replies sent (grace period over)", answered, expected)
-                break
-        if os.getppid() != ppid:
-            log.error("sink: server process is gone; exiting")
-            break
-    pull.close(0)
-    pub.close()  # linger: lets the last replies leave
-    if auth is not None:
-        auth.stop()
-    ctx.term()
+                del self.held[identity]
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self.held.values())
+
+
+class Sink:
+    """Results in, one reply per request out; stops once every reply the server owes is sent."""
+
+    def __init__(self, cfg: dict, sockets: SinkSockets):
+        self.cfg = cfg
+        self.sockets = sockets
+        self.asm = Assembler()
+        self.out = Publisher(sockets, float(cfg.get("hold_s", 10.0)), cfg.get("port_out"))
+        self.configs = 0
+        self.expected: int | None = None
+        self.stop_deadline = 0.0
+
+    def handle(self, frames: list[bytes]) -> None:
+        tag = frames[0]
+        reply = None
+        if tag == RESULT and len(frames) == 9:
+            identity, request_id = frames[1], frames[2]
+            job_index, n_jobs, n_texts, offset, dim = (int(f) for f in frames[3:8])
+            reply = self.asm.result(identity, request_id, job_index, n_jobs, n_texts, offset, dim, frames[8])
+        elif tag == TASK_RESULT and len(frames) == 8:
+            job_index, n_jobs, n_texts, offset = (int(f) for f in frames[3:7])
+            reply = self.asm.task_result(frames[1], frames[2], job_index, n_jobs, n_texts, offset, frames[7])
+        elif tag == ERROR and len(frames) == 4:
+            reply = self.asm.error(frames[1], frames[2], frames[3].decode(errors="replace"))
+        elif tag == CONFIG and len(frames) == 4:
+            reply = config_reply(frames[1], frames[2], self._status(json.loads(frames[3])))
+            self.configs += 1
+        elif tag == SINK_STOP:
+            self.expected = int(frames[1])
+            self.stop_deadline = time.monotonic() + float(self.cfg.get("grace_s", 30.0))
+        else:
+            log.error("sink: dropped an internal message with tag %r and %d frames", tag[:10], len(frames))
+        if reply is not None:
+            self.out.publish(reply)
+
+    def _status(self, status: dict) -> dict:
+        c = self.asm.counters
+        status.update({"replies_sent": c["replies"], "error_replies": c["errors"],
+                       "duplicates_dropped": c["duplicates_dropped"], "requests_assembling": len(self.asm.open),
+                       "replies_waiting_for_subscriber": self.out.waiting()})
+        return status
+
+    def finished(self, now: float) -> bool:
+        if self.expected is None:
+            return False
+        answered = self.asm.counters["replies"] + self.asm.counters["errors"] + self.configs
+        if (answered >= self.expected and not self.out.held) or now > self.stop_deadline:
+            if answered < self.expected:
+                log.error("sink: stopping with %d of %d replies sent (grace period over)", answered, self.expected)
+            return True
+        return False
+
+    def run(self) -> None:
+        zmq = self.sockets.zmq
+        poller = zmq.Poller()
+        poller.register(self.sockets.pull, zmq.POLLIN)
+        poller.register(self.sockets.pub, zmq.POLLIN)
+        ppid = os.getppid()
+        while True:
+            events = dict(poller.poll(200))
+            if self.sockets.pub in events:
+                self.out.on_subscriptions()
+            if self.sockets.pull in events:
+                for _ in range(1000):
+                    try:
+                        self.handle(self.sockets.pull.recv_multipart(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+            now = time.monotonic()
+            self.out.expire(now)
+            if self.finished(now):
+                return
+            if os.getppid() != ppid:
+                log.error("sink: server process is gone; exiting")
+                return
+
+
+def run_sink(cfg: dict) -> int:
+    sockets = SinkSockets(cfg)
+    port = sockets.bind(cfg)
+    if port is None:
+        return 1
+    print(f"PORT {port}", flush=True)
+    Sink(cfg, sockets).run()
+    sockets.close()
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when the sink stops
+    # the server decides when the sink stops (a process-group SIGINT/SIGTERM must not cut the drain short)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format="bertopt serve [sink] %(levelname)s %(message)s")
     sys.exit(run_sink(cfg))

@@ -1,16 +1,23 @@
-"""The ventilator: takes client requests, cuts them into mini-jobs, schedules them over workers, and
-supervises the worker processes (restart on death, re-send their in-flight mini-jobs).
+"""The ventilator: takes requests (ZeroMQ clients and the HTTP front end alike), cuts them into pieces by
+tokens, packs pieces into mini-jobs, schedules them over workers, and supervises the worker processes.
+
+Three parts, one per concern:
+
+* ``WorkerPool``: the worker processes: start, ready/done messages, restart on death (handing back the dead
+  one's in-flight pieces), stop.
+* ``Scheduler``: two fair queues (priority, bulk) and the dispatch of packed mini-jobs to free lanes.
+* ``Ventilator``: the main loop: request intake, status, the stop sequence.
 
 Scheduling (what keeps small clients fast under a flood):
 
-* A request of at most ``priority_batch_size`` texts is one *priority* mini-job; a larger one is cut into bulk
-  mini-jobs of at most ``max_batch_size``.
-* Each queue (priority, bulk) is per-client round-robin (``FairQueue``): a client with 10,000 queued
-  mini-jobs gets one turn, then the next client gets one.
-* Each worker holds at most one bulk and one priority mini-job at a time (two lanes, two threads over one
-  Predictor). Bulk work can therefore never occupy a worker fully: a priority job starts at once on a free
-  priority lane instead of waiting for a 256-text mini-job to finish. Bounded in-flight work also means a
-  dead worker costs at most two re-sent mini-jobs.
+* A request is cut into pieces of at most ``max_batch_tokens`` tokens and ``max_batch_size`` texts
+  (``batching.cut_request``). A request of at most ``priority_batch_size`` texts and ``priority_tokens``
+  tokens is *priority* work.
+* Each worker holds at most one bulk and one priority mini-job (two lanes, two threads over one Predictor),
+  so a priority job starts at once on a free lane instead of waiting for a bulk mini-job to finish, and a
+  bulk mini-job is bounded by tokens, so what a priority job shares the cores with is bounded too.
+* A free lane takes a packed mini-job: the next pieces in round-robin order up to the lane's token budget,
+  so a hundred one-sentence requests from different clients run as one batch.
 """
 
 from __future__ import annotations
@@ -21,15 +28,15 @@ import logging
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from bertopt.protocol import (
     CONFIG,
     DONE,
     ERROR,
     FAIL,
+    HTTP_IDENTITY,
     JOB,
     LANE_BULK,
     LANE_PRIORITY,
@@ -41,63 +48,36 @@ from bertopt.protocol import (
     num,
     parse_request,
 )
+from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
 
 log = logging.getLogger("bertopt.serve")
-MAX_ATTEMPTS = 3  # a mini-job that killed this many workers gets an error reply instead of a 4th try
+MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
 
 
 @dataclass
 class MiniJob:
     job_id: int
-    identity: bytes
-    request_id: bytes
-    index: int
-    n_jobs: int
-    n_texts: int
-    offset: int
-    payload: bytes
     lane: bytes
-    size: int = 0  # texts in this mini-job
-    attempts: int = 0
+    pieces: list[Piece]
+    dispatched: float = field(default_factory=time.monotonic)
 
     @property
-    def key(self) -> tuple[bytes, bytes]:
-        return (self.identity, self.request_id)
+    def size(self) -> int:
+        return sum(p.size for p in self.pieces)
 
+    @property
+    def tokens(self) -> int:
+        return sum(p.tokens for p in self.pieces)
 
-class FairQueue:
-    """Per-client FIFO queues served round-robin, one mini-job per client per turn."""
-
-    def __init__(self) -> None:
-        self._queues: dict[bytes, deque] = {}
-        self._turns: deque[bytes] = deque()
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
-
-    def push(self, job: MiniJob, front: bool = False) -> None:
-        q = self._queues.get(job.identity)
-        if q is None:
-            q = self._queues[job.identity] = deque()
-            # a client re-sent work (front) goes first in the rotation too
-            (self._turns.appendleft if front else self._turns.append)(job.identity)
-        (q.appendleft if front else q.append)(job)
-        self._len += 1
-
-    def pop(self) -> MiniJob:
-        identity = self._turns.popleft()
-        q = self._queues[identity]
-        job = q.popleft()
-        self._len -= 1
-        if q:
-            self._turns.append(identity)
-        else:
-            del self._queues[identity]
-        return job
-
-    def clients(self) -> int:
-        return len(self._queues)
+    def frames(self, lane: bytes) -> list[bytes]:
+        out = [JOB, num(self.job_id), lane, self.pieces[0].kind, num(len(self.pieces))]
+        items: list[Any] = []
+        for p in self.pieces:
+            out += [p.identity, p.request_id, b"%d %d %d %d %d" % (p.index, p.n_pieces, p.n_texts, p.offset,
+                                                                   p.size)]
+            items += p.items
+        out.append(json.dumps(items).encode())
+        return out
 
 
 @dataclass
@@ -121,74 +101,79 @@ class WorkerSlot:
     def in_flight(self) -> list[MiniJob]:
         return [j for j in self.lanes.values() if j is not None]
 
+    def clear_lanes(self) -> list[MiniJob]:
+        jobs = self.in_flight()
+        for lane in self.lanes:
+            self.lanes[lane] = None
+        return jobs
 
-class Ventilator:
-    def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfg: dict[str, Any]):
-        import zmq
+    def describe(self) -> dict[str, Any]:
+        return {"index": self.index, "pid": self.info.get("pid") if self.ready else None, "ready": self.ready,
+                "in_flight": len(self.in_flight()), "jobs_done": self.jobs_done, "texts_done": self.texts_done,
+                "restarts": self.restarts, "threads": self.info.get("threads"),
+                "provider": self.info.get("provider"), "backend": self.info.get("backend")}
 
+
+class WorkerPool:
+    """The worker processes and their lanes, talked to over one ROUTER socket."""
+
+    def __init__(self, zmq, router, count: int, worker_cfg: dict[str, Any], device_map: list[int] | None,
+                 metrics=None):
         self.zmq = zmq
-        self.ctx = ctx
-        self.cfg = cfg
-        self.frontend = frontend
         self.router = router
-        self.sink = sink_push
         self.worker_cfg = worker_cfg
-        self.workers = [WorkerSlot(i) for i in range(cfg["num_worker"])]
-        self.priority = FairQueue()
-        self.bulk = FairQueue()
-        self.job_ids = itertools.count(1)
-        self.failed_requests: set[tuple[bytes, bytes]] = set()
-        self.started = time.time()
-        self.accepting = True
-        self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
-        self.counters = {"requests": 0, "texts": 0, "status_requests": 0, "rejected": 0, "dropped_no_address": 0,
-                         "mini_jobs": 0, "mini_jobs_done": 0, "mini_jobs_resent": 0, "worker_restarts": 0}
+        self.device_map = device_map or []
+        self.slots = [WorkerSlot(i) for i in range(count)]
+        self.metrics = metrics
+        self.restarts = 0
 
-    # -- workers ------------------------------------------------------------------------------------------
     def spawn(self, slot: WorkerSlot) -> None:
         wcfg = dict(self.worker_cfg, index=slot.index, identity=slot.identity.decode())
-        devices = self.cfg.get("device_map") or []
-        wcfg["device"] = devices[slot.index % len(devices)] if devices else None
+        wcfg["device"] = self.device_map[slot.index % len(self.device_map)] if self.device_map else None
         slot.proc = subprocess.Popen([sys.executable, "-m", "bertopt.serve.worker", json.dumps(wcfg)],
                                      stdin=subprocess.DEVNULL)
         slot.ready = False
 
-    def start_workers(self, timeout_s: float, progress=None) -> None:
+    def start(self, timeout_s: float, progress=None) -> None:
         """Start every worker and wait until all have loaded the artifact (or one failed: UserError)."""
-        from bertopt.errors import UserError
-
-        for slot in self.workers:
+        for slot in self.slots:
             self.spawn(slot)
         deadline = time.monotonic() + timeout_s
-        while not all(s.ready for s in self.workers):
+        while not all(s.ready for s in self.slots):
             if time.monotonic() > deadline:
+                from bertopt.errors import UserError
+
                 raise UserError(f"workers did not load the artifact within {timeout_s:.0f} s; "
                                 "check the log above, or use fewer --num-worker")
             if self.router.poll(200):
-                self.handle_worker(self.router.recv_multipart())
-            for slot in self.workers:
-                if slot.last_error:
-                    raise UserError(f"worker {slot.index} could not load the artifact: {slot.last_error}")
-                if slot.proc.poll() is not None and not slot.ready:
-                    raise UserError(f"worker {slot.index} exited with code {slot.proc.returncode} while loading "
-                                    "the artifact; see the log above")
+                self.handle(self.router.recv_multipart())
+            self._raise_on_start_failure()
             if progress:
-                progress(sum(s.ready for s in self.workers), len(self.workers))
+                progress(sum(s.ready for s in self.slots), len(self.slots))
 
-    def check_workers(self) -> None:
-        for slot in self.workers:
+    def _raise_on_start_failure(self) -> None:
+        from bertopt.errors import UserError
+
+        for slot in self.slots:
+            if slot.last_error:
+                raise UserError(f"worker {slot.index} could not load the artifact: {slot.last_error}")
+            if slot.proc.poll() is not None and not slot.ready:
+                raise UserError(f"worker {slot.index} exited with code {slot.proc.returncode} while loading "
+                                "the artifact; see the log above")
+
+    def reap_dead(self) -> list[MiniJob]:
+        """Restart every dead worker; return the mini-jobs it held (to be re-sent)."""
+        lost: list[MiniJob] = []
+        for slot in self.slots:
             if slot.proc is None or slot.proc.poll() is None:
                 continue
-            jobs = slot.in_flight()
             if not slot.ready:
                 slot.start_failures += 1
             slot.ready = False
+            jobs = slot.clear_lanes()
+            lost += jobs
             log.warning("worker %d (pid %s) died with exit code %s; restarting it and re-sending %d mini-job(s)",
                         slot.index, slot.proc.pid, slot.proc.returncode, len(jobs))
-            for lane in slot.lanes:
-                slot.lanes[lane] = None
-            for job in jobs:
-                self.requeue(job, f"worker {slot.index} died")
             if slot.start_failures >= MAX_ATTEMPTS:
                 log.error("worker %d failed to start %d times (%s); leaving it stopped", slot.index,
                           slot.start_failures, slot.last_error)
@@ -196,30 +181,25 @@ class Ventilator:
                 continue
             slot.generation += 1
             slot.restarts += 1
-            self.counters["worker_restarts"] += 1
+            self.restarts += 1
+            if self.metrics is not None:
+                self.metrics.worker_restarts.inc()
             self.spawn(slot)
+        return lost
 
-    def requeue(self, job: MiniJob, why: str) -> None:
-        job.attempts += 1
-        if job.attempts >= MAX_ATTEMPTS:
-            self.fail_request(job.key, f"mini-job {job.index} of this request failed {job.attempts} times "
-                                       f"({why}); the request may crash the model, check its texts")
-            return
-        self.counters["mini_jobs_resent"] += 1
-        (self.priority if job.lane == LANE_PRIORITY else self.bulk).push(job, front=True)
+    def any_alive(self) -> bool:
+        return any(s.proc is not None for s in self.slots)
 
-    def fail_request(self, key: tuple[bytes, bytes], message: str) -> None:
-        if key in self.failed_requests:
-            return
-        self.failed_requests.add(key)
-        self.sink.send_multipart([ERROR, key[0], key[1], message.encode()])
+    def live(self) -> list[WorkerSlot]:
+        return [s for s in self.slots if s.ready and s.proc is not None]
 
-    def handle_worker(self, frames: list[bytes]) -> None:
+    def handle(self, frames: list[bytes]) -> MiniJob | None:
+        """A worker's READY / FAIL / DONE; returns the finished mini-job for DONE."""
         identity, tag = frames[0], frames[1]
-        slot = next((s for s in self.workers if s.identity == identity), None)
+        slot = next((s for s in self.slots if s.identity == identity), None)
         if slot is None:
             log.warning("message %r from unknown or replaced worker %r ignored", tag[:10], identity)
-            return
+            return None
         if tag == READY:
             slot.ready = True
             slot.info = json.loads(frames[2])
@@ -237,177 +217,29 @@ class Ventilator:
                     slot.lanes[lane] = None
                     slot.jobs_done += 1
                     slot.texts_done += job.size
-                    self.counters["mini_jobs_done"] += 1
-                    break
+                    return job
+        return None
 
-    # -- requests -----------------------------------------------------------------------------------------
-    def handle_request(self, frames: list[bytes]) -> None:
-        try:
-            req = parse_request(frames, self.cfg["max_request_bytes"])
-        except ProtocolError as exc:
-            if exc.identity is None:
-                self.counters["dropped_no_address"] += 1
-                log.warning("%s", exc)
-                return
-            self.counters["rejected"] += 1
-            self.replies_owed += 1
-            log.warning("rejected a request from %r: %s", exc.identity[:40], exc)
-            self.sink.send_multipart([ERROR, exc.identity, exc.request_id, str(exc).encode()])
-            return
-        self.replies_owed += 1
-        if req.command is not None:
-            self.counters["status_requests"] += 1
-            self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])
-            return
-        self.enqueue(req)
-
-    def enqueue(self, req: Request) -> None:
-        n = len(req.texts)
-        self.counters["requests"] += 1
-        self.counters["texts"] += n
-        size = self.cfg["max_batch_size"]
-        lane = LANE_PRIORITY if n <= self.cfg["priority_batch_size"] else LANE_BULK
-        queue = self.priority if lane == LANE_PRIORITY else self.bulk
-        n_jobs = (n + size - 1) // size
-        for index, start in enumerate(range(0, n, size)):
-            chunk = req.texts[start:start + size]
-            job = MiniJob(next(self.job_ids), req.identity, req.request_id, index, n_jobs, n, start,
-                          json.dumps(chunk).encode(), lane, size=len(chunk))
-            queue.push(job)
-            self.counters["mini_jobs"] += 1
-
-    # -- dispatch -----------------------------------------------------------------------------------------
-    def _send(self, slot: WorkerSlot, lane: bytes, job: MiniJob) -> bool:
+    def send(self, slot: WorkerSlot, lane: bytes, job: MiniJob) -> bool:
         try:
             # the worker runs it on the lane it occupies here (a priority job may borrow an idle bulk lane)
-            self.router.send_multipart([slot.identity, JOB, num(job.job_id), lane, job.identity,
-                                        job.request_id, num(job.index), num(job.n_jobs), num(job.n_texts),
-                                        num(job.offset), job.payload])
+            self.router.send_multipart([slot.identity, *job.frames(lane)])
         except self.zmq.ZMQError:  # ROUTER_MANDATORY: the worker's connection is gone (it died)
             slot.ready = False
             return False
         slot.lanes[lane] = job
+        job.dispatched = time.monotonic()
         return True
 
-    def dispatch(self) -> None:
-        live = [s for s in self.workers if s.ready and s.proc is not None]
-        while self.priority:
-            # least busy worker first; its priority lane if free, else its (idle) bulk lane
-            free = [(len(s.in_flight()), s) for s in live if None in s.lanes.values()]
-            if not free:
-                break
-            job = self.priority.pop()
-            if job.key in self.failed_requests:
-                continue
-            slot = min(free, key=lambda t: (t[0], t[1].index))[1]
-            lane = LANE_PRIORITY if slot.lanes[LANE_PRIORITY] is None else LANE_BULK
-            if not self._send(slot, lane, job):
-                self.priority.push(job, front=True)
-        while self.bulk:
-            free = [s for s in live if s.ready and s.lanes[LANE_BULK] is None]
-            if not free:
-                break
-            job = self.bulk.pop()
-            if job.key in self.failed_requests:
-                continue
-            slot = min(free, key=lambda s: (s.jobs_done, s.index))
-            if not self._send(slot, LANE_BULK, job):
-                self.bulk.push(job, front=True)
-
-    def idle(self) -> bool:
-        return not self.priority and not self.bulk and not any(s.in_flight() for s in self.workers)
-
-    # -- status -------------------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        from bertopt.version import __version__
-
-        c = self.cfg
-        return {
-            "server_version": c["wire_version"],
-            "bertopt_version": __version__,
-            "artifact": c["artifact"],
-            "digest": c["digest"],
-            "precision": c["precision"],
-            "embedding_dim": c["embedding_dim"],
-            "max_seq_len": c["max_seq_len"],
-            "max_batch_size": c["max_batch_size"],
-            "priority_batch_size": c["priority_batch_size"],
-            "max_request_bytes": c["max_request_bytes"],
-            "num_worker": c["num_worker"],
-            "threads_per_worker": c["threads_per_worker"],
-            "device_map": c.get("device_map"),
-            "bind": c["bind"],
-            "port": c["port"],
-            "port_out": c["port_out"],
-            "curve": bool(c.get("curve_keys")),
-            "show_tokens_to_client": False,
-            "accepting": self.accepting,
-            "uptime_s": round(time.time() - self.started, 3),
-            "queue_length": {"priority": len(self.priority), "bulk": len(self.bulk)},
-            "clients_queued": self.priority.clients() + self.bulk.clients(),
-            **self.counters,
-            "workers": [{"index": s.index, "pid": s.info.get("pid") if s.ready else None,
-                         "ready": s.ready, "in_flight": len(s.in_flight()), "jobs_done": s.jobs_done,
-                         "texts_done": s.texts_done, "restarts": s.restarts,
-                         "threads": s.info.get("threads"), "provider": s.info.get("provider"),
-                         "backend": s.info.get("backend")}
-                        for s in self.workers],
-        }
-
-    # -- main loop ----------------------------------------------------------------------------------------
-    def run(self, should_stop) -> None:
-        """Serve until ``should_stop()``; then stop taking requests and finish everything taken."""
-        zmq = self.zmq
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.router, zmq.POLLIN)
-        last_check = 0.0
-        while True:
-            if self.accepting and should_stop():
-                self.accepting = False
-                poller.unregister(self.frontend)
-                self.frontend.close(0)  # new requests now go nowhere; clients time out
-                log.info("stopping: no new requests; finishing %d queued and %d in-flight mini-job(s)",
-                         len(self.priority) + len(self.bulk), sum(len(s.in_flight()) for s in self.workers))
-            if not self.accepting and self.idle():
-                return
-            events = dict(poller.poll(100))
-            if self.router in events:
-                for _ in range(10_000):
-                    try:
-                        self.handle_worker(self.router.recv_multipart(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-            if self.accepting and self.frontend in events:
-                for _ in range(1000):
-                    try:
-                        frames = self.frontend.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.handle_request(frames)
-            now = time.monotonic()
-            if now - last_check > 0.1:
-                last_check = now
-                self.check_workers()
-                if not any(s.proc is not None for s in self.workers):
-                    self._fail_everything("no worker can run: every worker failed to start")
-                    return
-            self.dispatch()
-
-    def _fail_everything(self, message: str) -> None:
-        for q in (self.priority, self.bulk):
-            while q:
-                self.fail_request(q.pop().key, message)
-
-    def stop_workers(self, timeout_s: float) -> None:
-        for slot in self.workers:
+    def stop(self, timeout_s: float) -> None:
+        for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 try:
                     self.router.send_multipart([slot.identity, STOP])
                 except self.zmq.ZMQError:
-                    slot.proc.terminate()
+                    slot.proc.kill()  # unreachable; it ignores SIGTERM (see worker.main)
         deadline = time.monotonic() + timeout_s
-        for slot in self.workers:
+        for slot in self.slots:
             if slot.proc is None:
                 continue
             try:
@@ -416,6 +248,311 @@ class Ventilator:
                 log.warning("worker %d did not stop in time; killing it", slot.index)
                 slot.proc.kill()
                 slot.proc.wait(10)
+
+    def kill_all(self) -> None:
+        for slot in self.slots:  # workers that never got a STOP (start-up failed) are killed here
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+                slot.proc.wait(10)
+
+
+class Scheduler:
+    """Fair queues of pieces and their dispatch, packed by tokens, to free worker lanes."""
+
+    def __init__(self, cfg: dict[str, Any], pool: WorkerPool, fail_request: Callable, metrics=None):
+        self.pool = pool
+        self.priority = FairQueue()
+        self.bulk = FairQueue()
+        self.job_ids = itertools.count(1)
+        self.fail_request = fail_request
+        self.failed_requests: set[tuple[bytes, bytes]] = set()
+        self.metrics = metrics
+        self.max_tokens = cfg["max_batch_tokens"]
+        self.max_texts = cfg["max_batch_size"]
+        self.priority_texts = cfg["priority_batch_size"]
+        self.priority_tokens = cfg["priority_tokens"]
+        self.counters = {"mini_jobs": 0, "mini_jobs_done": 0, "mini_jobs_resent": 0, "pieces": 0}
+
+    def __len__(self) -> int:
+        return len(self.priority) + len(self.bulk)
+
+    def enqueue(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:
+        small = len(items) <= self.priority_texts and sum(lengths) <= self.priority_tokens
+        queue = self.priority if small else self.bulk
+        for piece in cut_request(identity, request_id, items, lengths, self.max_tokens, self.max_texts, kind):
+            queue.push(piece)
+            self.counters["pieces"] += 1
+
+    def requeue(self, job: MiniJob, why: str) -> None:
+        for piece in job.pieces:
+            piece.attempts += 1
+            if piece.attempts >= MAX_ATTEMPTS:
+                self.fail_request(piece.key, f"part {piece.index} of this request failed {piece.attempts} times "
+                                             f"({why}); the request may crash the model, check its texts")
+                continue
+            self.counters["mini_jobs_resent"] += 1
+            (self.priority if job.lane == LANE_PRIORITY else self.bulk).push(piece, front=True)
+
+    def done(self, job: MiniJob) -> None:
+        self.counters["mini_jobs_done"] += 1
+        if self.metrics is not None:
+            self.metrics.inference_seconds.observe(time.monotonic() - job.dispatched)
+
+    def _next_job(self, queue: FairQueue, lane: bytes, max_tokens: int, max_texts: int) -> MiniJob | None:
+        pieces = pack(queue, max_tokens, max_texts, skip=lambda p: p.key in self.failed_requests)
+        if not pieces:
+            return None
+        job = MiniJob(next(self.job_ids), lane, pieces)
+        if self.metrics is not None:
+            now = time.monotonic()
+            for p in pieces:
+                self.metrics.queue_seconds.observe(now - p.enqueued)
+        return job
+
+    def _sent(self, job: MiniJob) -> None:
+        self.counters["mini_jobs"] += 1
+        if self.metrics is not None:
+            self.metrics.batch_texts.observe(job.size)
+            self.metrics.batch_tokens.observe(job.tokens)
+
+    def _return(self, queue: FairQueue, job: MiniJob) -> None:
+        for piece in reversed(job.pieces):
+            queue.push(piece, front=True)
+
+    def dispatch(self) -> None:
+        live = self.pool.live()
+        while self.priority:
+            # least busy worker first; its priority lane if free, else its (idle) bulk lane
+            free = [(len(s.in_flight()), s) for s in live if None in s.lanes.values()]
+            if not free:
+                break
+            # a packed priority job stays as small as one priority request may be, so packing never makes a
+            # small request wait for much more than itself
+            job = self._next_job(self.priority, LANE_PRIORITY, self.priority_tokens, max(1, self.priority_texts))
+            if job is None:
+                break
+            slot = min(free, key=lambda t: (t[0], t[1].index))[1]
+            lane = LANE_PRIORITY if slot.lanes[LANE_PRIORITY] is None else LANE_BULK
+            if self.pool.send(slot, lane, job):
+                self._sent(job)
+            else:
+                self._return(self.priority, job)
+        while self.bulk:
+            free = [s for s in live if s.ready and s.lanes[LANE_BULK] is None]
+            if not free:
+                break
+            job = self._next_job(self.bulk, LANE_BULK, self.max_tokens, self.max_texts)
+            if job is None:
+                break
+            slot = min(free, key=lambda s: (s.jobs_done, s.index))
+            if self.pool.send(slot, LANE_BULK, job):
+                self._sent(job)
+            else:
+                self._return(self.bulk, job)
+
+    def drain(self) -> list[Piece]:
+        pieces = []
+        for q in (self.priority, self.bulk):
+            while q:
+                pieces.append(q.pop())
+        return pieces
+
+
+class Ventilator:
+    def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfg: dict[str, Any],
+                 http_in=None, tokenizer=None, metrics=None):
+        import zmq
+
+        self.zmq = zmq
+        self.ctx = ctx
+        self.cfg = cfg
+        self.frontend = frontend  # ZeroMQ clients (None: HTTP only)
+        self.http_in = http_in  # the HTTP front end's requests (inproc), or None
+        self.sink = sink_push
+        self.tokenizer = tokenizer  # counts the tokens of ZeroMQ requests (HTTP requests come counted)
+        self.metrics = metrics
+        self.pool = WorkerPool(zmq, router, cfg["num_worker"], worker_cfg, cfg.get("device_map"), metrics)
+        self.scheduler = Scheduler(cfg, self.pool, self.fail_request, metrics)
+        self.started = time.time()
+        self.accepting = True
+        self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
+        self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
+                         "rejected": 0, "dropped_no_address": 0}
+
+    @property
+    def workers(self) -> list[WorkerSlot]:
+        return self.pool.slots
+
+    def start_workers(self, timeout_s: float, progress=None) -> None:
+        self.pool.start(timeout_s, progress)
+
+    def fail_request(self, key: tuple[bytes, bytes], message: str) -> None:
+        if key in self.scheduler.failed_requests:
+            return
+        self.scheduler.failed_requests.add(key)
+        self.sink.send_multipart([ERROR, key[0], key[1], message.encode()])
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def handle_request(self, frames: list[bytes]) -> None:
+        """A ZeroMQ client's message: an encode request, a status request, or something to reject."""
+        try:
+            req = parse_request(frames, self.cfg["max_request_bytes"])
+        except ProtocolError as exc:
+            self._reject(exc)
+            return
+        self.replies_owed += 1
+        if req.command is not None:
+            self.counters["status_requests"] += 1
+            self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])
+            return
+        self.enqueue(req)
+
+    def _reject(self, exc: ProtocolError) -> None:
+        if exc.identity is None:
+            self.counters["dropped_no_address"] += 1
+            log.warning("%s", exc)
+            return
+        self.counters["rejected"] += 1
+        self.replies_owed += 1
+        log.warning("rejected a request from %r: %s", exc.identity[:40], exc)
+        self.sink.send_multipart([ERROR, exc.identity, exc.request_id, str(exc).encode()])
+
+    def token_lengths(self, texts: list, pairs: list | None = None) -> list[int]:
+        if self.tokenizer is None:
+            return [1] * len(texts)
+        seqs = texts if pairs is None else list(zip(texts, pairs))
+        return [len(e.ids) for e in self.tokenizer.encode_batch(seqs)]
+
+    def enqueue(self, req: Request) -> None:
+        from bertopt.protocol import is_predict_request
+
+        if is_predict_request(req.texts):  # Client.predict: the task's results
+            texts = [i["text"] for i in req.texts]
+            pairs = [i["pair"] for i in req.texts] if "pair" in req.texts[0] else None
+            self._take(req.identity, req.request_id, req.texts, self.token_lengths(texts, pairs), KIND_PREDICT)
+            return
+        task = self.cfg.get("task", "embedding")
+        if task != "embedding":  # a plain (embedding) request on a task model: say what to use instead
+            self.fail_request(req.key, f"this server serves a {task} model, which has no sentence embeddings; ask "
+                                       "for its results with bertopt's Client.predict (or 'bertopt client predict')"
+                                       "; bert-serving-client gets embeddings from embedding models only")
+            return
+        self._take(req.identity, req.request_id, req.texts, self.token_lengths(req.texts), KIND_TEXT)
+
+    def _take(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:
+        self.counters["requests"] += 1
+        self.counters["texts"] += len(items)
+        self.counters["tokens"] += sum(lengths)
+        self.scheduler.enqueue(identity, request_id, items, lengths, kind)
+
+    def handle_http(self, frames: list[bytes]) -> None:
+        """The HTTP front end's request: already validated and counted there (a trusted in-process socket)."""
+        request_id, kind, body = frames
+        self.replies_owed += 1
+        self.counters["http_requests"] += 1
+        payload = json.loads(body)
+        if kind not in KINDS:
+            self.sink.send_multipart([ERROR, HTTP_IDENTITY, request_id, b"internal: unknown request kind"])
+            return
+        self._take(HTTP_IDENTITY, request_id, payload["items"], payload["lengths"], kind)
+
+    # -- status -------------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        from bertopt.version import __version__
+
+        c = self.cfg
+        s = self.scheduler
+        return {
+            "server_version": c["wire_version"],
+            "bertopt_version": __version__,
+            **{k: c.get(k) for k in ("artifact", "digest", "precision", "task", "embedding_dim", "max_seq_len",
+                                     "max_batch_size", "max_batch_tokens", "priority_batch_size",
+                                     "priority_tokens", "max_request_bytes", "num_worker", "threads_per_worker",
+                                     "device_map", "bind", "port", "port_out", "http_port")},
+            "curve": bool(c.get("curve_keys")),
+            "show_tokens_to_client": False,
+            "accepting": self.accepting,
+            "uptime_s": round(time.time() - self.started, 3),
+            "queue_length": {"priority": len(s.priority), "bulk": len(s.bulk)},
+            "queue_tokens": {"priority": s.priority.tokens, "bulk": s.bulk.tokens},
+            "clients_queued": s.priority.clients() + s.bulk.clients(),
+            **self.counters,
+            **s.counters,
+            "worker_restarts": self.pool.restarts,
+            "workers": [slot.describe() for slot in self.workers],
+        }
+
+    # -- main loop ----------------------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return not self.scheduler and not any(s.in_flight() for s in self.workers)
+
+    def run(self, should_stop: Callable[[], bool], http_stopped: Callable[[], bool] = lambda: True) -> None:
+        """Serve until ``should_stop()``; then stop taking ZeroMQ requests, take the HTTP front end's until it
+        has stopped (it answers what it admitted), and finish everything taken."""
+        zmq = self.zmq
+        poller = zmq.Poller()
+        for sock in (self.frontend, self.pool.router, self.http_in):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        last_check = 0.0
+        while True:
+            if self.accepting and should_stop():
+                self._stop_accepting(poller)
+            if not self.accepting and http_stopped() and self._http_queue_empty() and self.idle():
+                return
+            events = dict(poller.poll(100))
+            self._drain(events, self.pool.router, 10_000, self._worker_message)
+            if self.http_in is not None:
+                self._drain(events, self.http_in, 1000, self.handle_http)
+            if self.accepting and self.frontend is not None:
+                self._drain(events, self.frontend, 1000, self.handle_request)
+            now = time.monotonic()
+            if now - last_check > 0.1:
+                last_check = now
+                if not self._supervise():
+                    return
+            self.scheduler.dispatch()
+            if self.metrics is not None:
+                self.metrics.queue_depth.set(len(self.scheduler))
+
+    def _drain(self, events, sock, limit: int, handle) -> None:
+        if sock not in events:
+            return
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(self.zmq.NOBLOCK)
+            except self.zmq.Again:
+                break
+            handle(frames)
+
+    def _http_queue_empty(self) -> bool:
+        return self.http_in is None or not self.http_in.poll(0)
+
+    def _worker_message(self, frames: list[bytes]) -> None:
+        job = self.pool.handle(frames)
+        if job is not None:
+            self.scheduler.done(job)
+
+    def _stop_accepting(self, poller) -> None:
+        self.accepting = False
+        if self.frontend is not None:
+            poller.unregister(self.frontend)
+            self.frontend.close(0)  # new requests now go nowhere; clients time out
+        log.info("stopping: no new requests; finishing %d queued and %d in-flight mini-job(s)",
+                 len(self.scheduler), sum(len(s.in_flight()) for s in self.workers))
+
+    def _supervise(self) -> bool:
+        """Restart dead workers and re-send their work; False when no worker can run at all."""
+        for job in self.pool.reap_dead():
+            self.scheduler.requeue(job, "a worker died")
+        if not self.pool.any_alive():
+            for piece in self.scheduler.drain():
+                self.fail_request(piece.key, "no worker can run: every worker failed to start")
+            return False
+        return True
+
+    def stop_workers(self, timeout_s: float) -> None:
+        self.pool.stop(timeout_s)
 
     def stop_sink(self) -> None:
         self.sink.send_multipart([SINK_STOP, num(self.replies_owed)])

@@ -1,6 +1,8 @@
 """A worker process: one Predictor (bertopt's runtime, so served = validated), mini-jobs in, embeddings out.
 
-Started by the server as ``python -m bertopt.serve.worker CONFIG_JSON``. It connects a DEALER to the
+Started by the server as ``python -m bertopt.serve.worker CONFIG_JSON``. A mini-job packs pieces of one or
+more requests (texts, text pairs or token-id lists); the worker runs them as one batch and sends each piece's
+rows to the sink separately, so packing is invisible to the sink and the clients. It connects a DEALER to the
 ventilator (jobs in, READY/DONE out) and a PUSH per lane thread to the sink (results out). Two lane threads
 share the Predictor (ONNX Runtime sessions are thread-safe): one runs bulk mini-jobs, the other priority ones,
 so a small request never waits for a 256-text mini-job to finish; the OS time-slices the two.
@@ -20,7 +22,12 @@ import sys
 import threading
 import traceback
 
+import numpy as np
+
+from bertopt.errors import UserError
 from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.serve.batching import KIND_PREDICT
+from bertopt.serve.task_replies import TASK_RESULT, TaskRequestError, predict_payload
 
 log = logging.getLogger("bertopt.serve.worker")
 
@@ -29,8 +36,188 @@ def _parent_alive(ppid: int) -> bool:
     return os.getppid() == ppid
 
 
-def run_worker(cfg: dict) -> int:
+def parse_job(frames: list[bytes]) -> tuple[bytes, bytes, list[tuple[bytes, bytes, list[int]]], list]:
+    """(job id, kind, pieces as (identity, request id, [index, n_pieces, n_texts, offset, count]), items)."""
+    job_id, kind, n = frames[1], frames[3], int(frames[4])
+    pieces = [(frames[5 + 3 * k], frames[6 + 3 * k], [int(v) for v in frames[7 + 3 * k].split()])
+              for k in range(n)]
+    return job_id, kind, pieces, json.loads(frames[5 + 3 * n])
+
+
+def run_items(predictor, output: str, kind: bytes, items: list):
+    """The output rows for a mini-job's items: texts, [first, second] pairs, or token-id lists."""
     import numpy as np
+
+    from bertopt.serve.batching import KIND_IDS, KIND_PAIR
+
+    if kind == KIND_PAIR:
+        out = predictor.run([a for a, _ in items], pairs=[b for _, b in items], outputs=[output])[output]
+    elif kind == KIND_IDS:
+        out = run_token_ids(predictor, output, items)
+    else:
+        out = predictor.run(items, outputs=[output])[output]
+    if isinstance(out, list):  # per-token output (token classification): one padded, flattened row per text
+        out = pad_token_rows(out, predictor.max_seq_len)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def pad_token_rows(rows: list, width: int):
+    """Per-text ``(tokens, labels)`` arrays as ``(texts, width * labels)`` rows, zero-padded: fixed-width rows
+    travel through the sink like pooled ones; the HTTP front end cuts each back to its text's tokens."""
+    labels = rows[0].shape[-1]
+    out = np.zeros((len(rows), width, labels), dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out.reshape(len(rows), width * labels)
+
+
+class _Ids:
+    """What ``Predictor.feeds_for`` reads from a tokenizer encoding."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+        self.type_ids = [0] * len(ids)
+
+
+def run_token_ids(predictor, output: str, items: list[list[int]]):
+    """Token-id inputs (already tokenized, special tokens included, within max_seq_len): the same batches and
+    feeds the Predictor builds for texts."""
+    import numpy as np
+
+    encodings = [_Ids(ids) for ids in items]
+    rows: list = [None] * len(items)
+    for idx in predictor.plan_batches(encodings, predictor.batch_size):
+        feeds, _ = predictor.feeds_for([encodings[i] for i in idx])
+        out = predictor.run_batch(feeds, [output])[output]
+        for j, i in enumerate(idx):
+            rows[i] = out[j]
+    return np.stack(rows)
+
+
+class LaneRunner:
+    """One lane thread: runs mini-jobs on the shared Predictor, pushes each piece's rows to the sink, then
+    reports DONE (result first, so a death in between re-sends rather than loses)."""
+
+    def __init__(self, ctx, cfg: dict, predictor, nice: int = 0):
+        self.ctx, self.cfg, self.predictor, self.nice = ctx, cfg, predictor, nice
+        self.queue: queue.Queue = queue.Queue()
+
+    def loop(self) -> None:
+        import zmq
+
+        if self.nice:
+            self._lower_priority()
+
+        sink = self.ctx.socket(zmq.PUSH)
+        sink.setsockopt(zmq.LINGER, 5000)
+        sink.connect(self.cfg["sink"])
+        done = self.ctx.socket(zmq.PUSH)
+        done.setsockopt(zmq.LINGER, 1000)
+        done.connect(f"inproc://done-{self.cfg['index']}")
+        try:
+            while (frames := self.queue.get()) is not None:
+                job_id, kind, pieces, items = parse_job(frames)
+                self.run_job(sink, job_id, kind, pieces, items)
+                done.send_multipart([DONE, job_id])
+        finally:
+            sink.close()
+            done.close()
+
+    def run_predict(self, sink, pieces, items) -> None:
+        """Client.predict pieces: ``Predictor.predict`` per piece (each request has its own pair / aggregation),
+        JSON results to the sink."""
+        start = 0
+        for identity, request_id, (index, n_pieces, n_texts, offset, count) in pieces:
+            chunk, start = items[start:start + count], start + count
+            try:
+                payload = predict_payload(self.predictor, chunk)
+            except (TaskRequestError, UserError) as exc:  # the request asks for what the model cannot do
+                sink.send_multipart([ERROR, identity, request_id, str(exc).encode()])
+                continue
+            except Exception as exc:  # the request gets an error reply instead of silence
+                log.error("worker %d: predict failed: %s", self.cfg["index"], traceback.format_exc())
+                sink.send_multipart([ERROR, identity, request_id, f"worker failed on this request: {exc}".encode()])
+                continue
+            sink.send_multipart([TASK_RESULT, identity, request_id, num(index), num(n_pieces), num(n_texts),
+                                 num(offset), payload])
+
+    def _lower_priority(self) -> None:
+        """Bulk work yields the cores to priority work: the lane thread (which runs the model with one thread
+        per worker) gets a higher nice value. Linux schedules threads separately, so this is per thread."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        except (AttributeError, OSError) as exc:  # not Linux, or not permitted: bulk keeps normal priority
+            log.warning("worker %d: could not lower the bulk lane's priority (%s)", self.cfg["index"], exc)
+
+    def run_job(self, sink, job_id: bytes, kind: bytes, pieces, items) -> None:
+        if kind == KIND_PREDICT:
+            self.run_predict(sink, pieces, items)
+            return
+        try:
+            array = run_items(self.predictor, self.cfg["output"], kind, items)
+        except Exception as exc:  # each request gets an error reply instead of silence
+            log.error("worker %d: mini-job %s failed: %s", self.cfg["index"], job_id.decode(),
+                      traceback.format_exc())
+            for identity, request_id, _ in pieces:
+                sink.send_multipart([ERROR, identity, request_id, f"worker failed on this request: {exc}".encode()])
+            return
+        start = 0
+        for identity, request_id, (index, n_pieces, n_texts, offset, count) in pieces:
+            rows = np.ascontiguousarray(array[start:start + count])
+            start += count
+            sink.send_multipart([RESULT, identity, request_id, num(index), num(n_pieces), num(n_texts),
+                                 num(offset), num(array.shape[1]), memoryview(rows).cast("B")])
+
+
+def _load_predictor(cfg: dict, ctrl):
+    try:
+        from bertopt.runtime import Predictor
+
+        return Predictor(cfg["artifact"], provider=cfg["provider"], threads=cfg["threads"],
+                         max_seq_len=cfg.get("max_seq_len"), verify=False)
+    except Exception as exc:  # any load failure is reported to the server, which shows it to the user
+        ctrl.send_multipart([FAIL, str(exc).encode()])
+        return None
+
+
+def _forward_done(ctrl, done_pull) -> None:
+    import zmq
+
+    while True:
+        try:
+            ctrl.send_multipart(done_pull.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+
+
+def _control_loop(ctrl, done_pull, lanes: dict[str, LaneRunner], index: int) -> bool:
+    """Jobs in, DONE out, until STOP (True) or the server process is gone (False)."""
+    import zmq
+
+    ppid = os.getppid()
+    poller = zmq.Poller()
+    poller.register(ctrl, zmq.POLLIN)
+    poller.register(done_pull, zmq.POLLIN)
+    while True:
+        events = dict(poller.poll(500))
+        if done_pull in events:
+            _forward_done(ctrl, done_pull)
+        if ctrl in events:
+            while True:
+                try:
+                    frames = ctrl.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if frames[0] == JOB:
+                    lanes["priority" if frames[2] == LANE_PRIORITY else "bulk"].queue.put(frames)
+                elif frames[0] == STOP:
+                    return True
+        if not _parent_alive(ppid):  # the server died without stopping us: do not linger as an orphan
+            log.error("worker %d: server process is gone; exiting", index)
+            return False
+
+
+def run_worker(cfg: dict) -> int:
     import zmq
 
     index = cfg["index"]
@@ -41,88 +228,29 @@ def run_worker(cfg: dict) -> int:
     ctrl.setsockopt(zmq.IDENTITY, cfg["identity"].encode())
     ctrl.setsockopt(zmq.LINGER, 2000)
     ctrl.connect(cfg["ventilator"])
-    try:
-        from bertopt.runtime import Predictor
-
-        predictor = Predictor(cfg["artifact"], provider=cfg["provider"], threads=cfg["threads"],
-                              max_seq_len=cfg.get("max_seq_len"), verify=False)
-    except Exception as exc:  # any load failure is reported to the server, which shows it to the user
-        ctrl.send_multipart([FAIL, str(exc).encode()])
+    predictor = _load_predictor(cfg, ctrl)
+    if predictor is None:
         ctrl.close()
         ctx.term()
         return 1
-    info = {"pid": os.getpid(), **predictor.describe()}
-    ctrl.send_multipart([READY, json.dumps(info, default=str).encode()])
+    cfg.setdefault("output", predictor.primary_output)
+    ctrl.send_multipart([READY, json.dumps({"pid": os.getpid(), **predictor.describe()}, default=str).encode()])
 
     done_pull = ctx.socket(zmq.PULL)
     done_pull.bind(f"inproc://done-{index}")
-    lanes = {"bulk": queue.Queue(), "priority": queue.Queue()}
-
-    def lane_loop(q: "queue.Queue") -> None:
-        sink = ctx.socket(zmq.PUSH)
-        sink.setsockopt(zmq.LINGER, 5000)
-        sink.connect(cfg["sink"])
-        done = ctx.socket(zmq.PUSH)
-        done.setsockopt(zmq.LINGER, 1000)
-        done.connect(f"inproc://done-{index}")
-        try:
-            while (frames := q.get()) is not None:
-                _, job_id, _lane, identity, request_id, job_index, n_jobs, n_texts, offset, payload = frames
-                try:
-                    texts = json.loads(payload)
-                    array = np.ascontiguousarray(predictor.encode(texts), dtype=np.float32)
-                    sink.send_multipart([RESULT, identity, request_id, job_index, n_jobs, n_texts, offset,
-                                         num(array.shape[1]), memoryview(array).cast("B")])
-                except Exception as exc:  # the request gets an error reply instead of silence
-                    log.error("worker %d: mini-job %s failed: %s", index, job_id.decode(), traceback.format_exc())
-                    sink.send_multipart([ERROR, identity, request_id,
-                                         f"worker failed on this request: {exc}".encode()])
-                done.send_multipart([DONE, job_id])
-        finally:
-            sink.close()
-            done.close()
-
-    threads = [threading.Thread(target=lane_loop, args=(q,), name=f"lane-{name}", daemon=True)
-               for name, q in lanes.items()]
+    lanes = {"bulk": LaneRunner(ctx, cfg, predictor, nice=int(cfg.get("bulk_nice") or 0)),
+             "priority": LaneRunner(ctx, cfg, predictor)}
+    threads = [threading.Thread(target=lane.loop, name=f"lane-{name}", daemon=True) for name, lane in lanes.items()]
     for t in threads:
         t.start()
-
-    ppid = os.getppid()
-    poller = zmq.Poller()
-    poller.register(ctrl, zmq.POLLIN)
-    poller.register(done_pull, zmq.POLLIN)
-    running = True
-    while running:
-        events = dict(poller.poll(500))
-        if done_pull in events:
-            while True:
-                try:
-                    ctrl.send_multipart(done_pull.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-        if ctrl in events:
-            while True:
-                try:
-                    frames = ctrl.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if frames[0] == JOB:
-                    lanes["priority" if frames[2] == LANE_PRIORITY else "bulk"].put(frames)
-                elif frames[0] == STOP:
-                    running = False
-        if not _parent_alive(ppid):  # the server died without stopping us: do not linger as an orphan
-            log.error("worker %d: server process is gone; exiting", index)
-            return 1
+    if not _control_loop(ctrl, done_pull, lanes, index):
+        return 1
     # STOP: finish what we hold, report it, leave
-    for q in lanes.values():
-        q.put(None)
+    for lane in lanes.values():
+        lane.queue.put(None)
     for t in threads:
         t.join()
-    while True:
-        try:
-            ctrl.send_multipart(done_pull.recv_multipart(zmq.NOBLOCK))
-        except zmq.Again:
-            break
+    _forward_done(ctrl, done_pull)
     done_pull.close()
     ctrl.close()
     ctx.term()
@@ -132,8 +260,10 @@ def run_worker(cfg: dict) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(argv[0])
-    # Ctrl-C reaches the whole process group; the server decides when workers stop.
+    # Ctrl-C, and SIGTERM sent to the whole process group (systemd, `timeout`, some container inits), reach the
+    # workers too; the server decides when they stop (after draining), and they exit if the server dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format=f"bertopt serve [worker {cfg['index']}] %(levelname)s %(message)s")
     sys.exit(run_worker(cfg))

@@ -1,5 +1,10 @@
-"""Hugging Face model folders: metadata, the PyTorch model with pooling, and the PyTorch reference (run by the
-``pytorch`` runtime backend).
+"""Hugging Face model folders: metadata, the PyTorch model with its task head, and the PyTorch reference (run by
+the ``pytorch`` runtime backend).
+
+``read_model_info`` recognises the family (``bertopt.families``) and the task from the folder: the config's
+``architectures`` (a sequence / token classification or masked-LM head) and a sentence-transformers
+``modules.json`` (Pooling, Dense, Normalize; SPLADE pooling; a CrossEncoder's config). ``build_encoder_module``
+is that model plus everything its pipeline does after the transformer, as one module the exporter traces.
 
 Weights load through transformers' safetensors path (or ``torch.load(weights_only=True)`` for
 ``pytorch_model.bin``); nothing is unpickled.
@@ -13,76 +18,218 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError, require
+from bertopt.families import TASK_HEADS, TASK_OUTPUTS, TASKS, canonical_task, family_by_name, family_for_config
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model",
+                   "tokenizer_config.json", "special_tokens_map.json")
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# sentence-transformers' legacy boolean pooling keys -> mode names
+_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                   "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                   "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+DENSE_ACTIVATIONS = {"Identity": "identity", "Tanh": "tanh", "ReLU": "relu", "GELU": "gelu", "Sigmoid": "sigmoid",
+                     "SiLU": "silu"}
+# config keys some families name differently (DistilBERT)
+_CONFIG_ALIASES = {"hidden_size": ("dim",), "num_attention_heads": ("n_heads",), "num_hidden_layers": ("n_layers",),
+                   "intermediate_size": ("hidden_dim",)}
 
 
-def read_model_info(path: Path) -> dict[str, Any]:
-    """Architecture, task and pooling of a Hugging Face (optionally sentence-transformers) folder."""
-    path = Path(path)
+def read_config(path: Path) -> dict[str, Any]:
     try:
-        config = json.loads((path / "config.json").read_text())
+        return json.loads((Path(path) / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path / 'config.json'}: {exc}; is this a Hugging Face model folder?") from None
+        raise UserError(f"cannot read {Path(path) / 'config.json'}: {exc}; is this a Hugging Face model folder?") \
+            from None
+
+
+def _config_value(config: dict[str, Any], key: str):
+    if key in config:
+        return config[key]
+    for alias in _CONFIG_ALIASES.get(key, ()):
+        if alias in config:
+            return config[alias]
+    return None
+
+
+def _st_modules(path: Path) -> list[dict[str, Any]]:
+    file = path / "modules.json"
+    if not file.exists():
+        return []
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{file} is not valid JSON ({exc}); re-save the sentence-transformers model") from None
+
+
+def _module_config(path: Path, module: dict[str, Any]) -> dict[str, Any]:
+    file = path / module.get("path", "") / "config.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {file} ({exc}); re-save the sentence-transformers model") from None
+
+
+def _pooling_modes(cfg: dict[str, Any], where: Path) -> list[str]:
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in _LEGACY_POOLING.items() if cfg.get(key)]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    if not modes or any(m not in POOLING_MODES for m in modes):
+        raise UserError(f"{where}: unsupported sentence-transformers pooling {cfg}; bertopt supports "
+                        f"{', '.join(POOLING_MODES)}")
+    return modes
+
+
+def _dense_info(path: Path, module: dict[str, Any]) -> dict[str, Any]:
+    cfg = _module_config(path, module)
+    act_path = cfg.get("activation_function") or "torch.nn.modules.activation.Tanh"
+    act = DENSE_ACTIVATIONS.get(act_path.rsplit(".", 1)[-1])
+    if act is None:
+        raise UserError(f"{path / module['path']}: Dense activation {act_path} is not supported; bertopt supports "
+                        f"{', '.join(DENSE_ACTIVATIONS)}")
+    if cfg.get("use_residual"):
+        raise UserError(f"{path / module['path']}: Dense with use_residual is not supported; export without it")
+    return {"path": module.get("path", ""), "in_features": cfg["in_features"], "out_features": cfg["out_features"],
+            "bias": cfg.get("bias", True), "activation": act}
+
+
+def head_tasks(config: dict[str, Any]) -> set[str]:
+    """The tasks the weights' heads allow (embedding always: every head sits on an encoder)."""
     archs = config.get("architectures") or []
-    task = "classifier" if any(a.endswith("ForSequenceClassification") for a in archs) else "encoder"
+    found = {"embedding"}
+    for task, suffix in TASK_HEADS.items():
+        if any(a.endswith(suffix) for a in archs):
+            found.add(task)
+    return found
+
+
+def _is_cross_encoder(config: dict[str, Any]) -> bool:
+    return "sentence_transformers" in config or "sbert_ce_default_activation_function" in config
+
+
+def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
+    """Family, task, head and pipeline of a Hugging Face (optionally sentence-transformers) folder.
+
+    ``task`` overrides what the folder suggests; a task whose head the weights do not have is refused."""
+    path = Path(path)
+    config = read_config(path)
+    family = family_for_config(config, str(path))
+    modules = _st_modules(path)
+    module_types = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    heads = head_tasks(config)
+    is_splade = "SpladePooling" in module_types
+    # a bare masked-LM checkpoint makes embeddings unless --task sparse-embedding asks for SPLADE
+    detected = "embedding"
+    if "token-classification" in heads:
+        detected = "token-classification"
+    elif "classification" in heads:
+        num = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+        # one output: a relevance score (a cross-encoder), not a one-class classifier
+        detected = "rerank" if num == 1 else "classification"
+    elif is_splade:
+        detected = "sparse-embedding"
+    chosen = canonical_task(task) if task else detected
+    if chosen not in heads:
+        have = ", ".join(t for t in TASKS if t in heads)
+        raise UserError(f"{path} has no {chosen} head (architectures: "
+                        f"{', '.join(config.get('architectures') or []) or 'none'}); this model can do: {have}")
     info: dict[str, Any] = {
-        "model_type": config.get("model_type", "bert"),
-        "hidden_size": config.get("hidden_size"),
-        "num_attention_heads": config.get("num_attention_heads"),
-        "num_hidden_layers": config.get("num_hidden_layers"),
-        "intermediate_size": config.get("intermediate_size"),
-        "max_position_embeddings": config.get("max_position_embeddings", 512),
+        "family": family.name,
+        "model_type": config.get("model_type"),
+        "hidden_size": _config_value(config, "hidden_size"),
+        "num_attention_heads": _config_value(config, "num_attention_heads"),
+        "num_hidden_layers": _config_value(config, "num_hidden_layers"),
+        "intermediate_size": _config_value(config, "intermediate_size"),
+        # the tokens a text may have: the position table less any offset (RoBERTa 514 -> 512)
+        "max_position_embeddings": family.max_tokens(config),
+        "position_table": config.get("max_position_embeddings"),
+        "type_vocab_size": config.get("type_vocab_size"),
         "vocab_size": config.get("vocab_size"),
-        "task": task,
+        "task": chosen,
+        "pair_input": False,
         "pooling": None,
         "normalize": False,
+        "dense": [],
     }
-    if task == "classifier":
-        info["num_labels"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
-        info["id2label"] = config.get("id2label")
-    modules_file = path / "modules.json"
-    if modules_file.exists():
-        modules = json.loads(modules_file.read_text())
-        info["task"] = "sentence-embedding"
+    if chosen in ("classification", "rerank", "token-classification"):
+        id2label = config.get("id2label") or {}
+        info["num_labels"] = len(id2label) or config.get("num_labels", 2)
+        info["id2label"] = {str(k): v for k, v in id2label.items()} or \
+            {str(i): f"LABEL_{i}" for i in range(info["num_labels"])}
+        if chosen == "classification":
+            info["problem_type"] = config.get("problem_type") or "single_label_classification"
+            if info["problem_type"] == "regression":
+                info["problem_type"] = "single_label_classification"
+            info["pair_input"] = _is_cross_encoder(config)
+        if chosen == "rerank":
+            info["pair_input"] = True
+            act = (config.get("sentence_transformers") or {}).get("activation_fn") \
+                or config.get("sbert_ce_default_activation_function") or "torch.nn.modules.activation.Sigmoid"
+            info["score_activation"] = "identity" if act.endswith("Identity") else "sigmoid"
+    if chosen == "embedding":
         for module in modules:
-            kind = module.get("type", "")
-            if kind.endswith("Pooling"):
-                pool_cfg = json.loads((path / module["path"] / "config.json").read_text())
-                if pool_cfg.get("pooling_mode_mean_tokens"):
-                    info["pooling"] = "mean"
-                elif pool_cfg.get("pooling_mode_cls_token"):
-                    info["pooling"] = "cls"
-                elif pool_cfg.get("pooling_mode_max_tokens"):
-                    info["pooling"] = "max"
-                else:
-                    raise UserError(f"{path}: unsupported sentence-transformers pooling {pool_cfg}; "
-                                    "bertopt supports mean, cls and max pooling")
-            elif kind.endswith("Normalize"):
+            kind = module.get("type", "").rsplit(".", 1)[-1]
+            if kind == "Pooling":
+                modes = _pooling_modes(_module_config(path, module), path / module.get("path", ""))
+                info["pooling"] = modes[0] if len(modes) == 1 else modes
+            elif kind == "Normalize":
                 info["normalize"] = True
-            elif kind.endswith("Dense"):
-                raise UserError(f"{path}: sentence-transformers Dense modules are not supported yet; "
-                                "export the transformer alone with --pooling mean")
-        st_cfg = path / "sentence_bert_config.json"
-        if st_cfg.exists():
-            info["max_seq_len"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+            elif kind == "Dense":
+                info["dense"].append(_dense_info(path, module))
+            elif kind not in ("Transformer", "MLMTransformer", "SpladePooling"):
+                raise UserError(f"{path}: sentence-transformers module {module.get('type')} is not supported; "
+                                "bertopt supports Transformer, Pooling, Dense and Normalize")
+    if chosen == "sparse-embedding":
+        splade = [m for m in modules if m.get("type", "").endswith("SpladePooling")]
+        cfg = _module_config(path, splade[0]) if splade else {}
+        info["sparse_pooling"] = cfg.get("pooling_strategy", "max")
+        info["sparse_activation"] = cfg.get("activation_function", "relu")
+    st_cfg = path / "sentence_bert_config.json"
+    if st_cfg.exists():
+        info["max_seq_len"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+    if info.get("max_seq_len"):
+        info["max_seq_len"] = min(int(info["max_seq_len"]), info["max_position_embeddings"])
     return info
 
 
-def copy_tokenizer(src: Path, dest: Path) -> None:
-    """Copy tokenizer files, building ``tokenizer.json`` from ``vocab.txt`` when the folder has none."""
+# -- tokenizer -----------------------------------------------------------------------------------------------
+
+def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size: int | None = None) -> None:
+    """Copy tokenizer files, building ``tokenizer.json`` when the folder has none (from vocab.txt, from
+    vocab.json + merges.txt, or from a SentencePiece model, as the family declares), and check that its
+    vocabulary fits the model's embedding table."""
+    fam = family_by_name(family)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (src / name).exists():
             shutil.copy2(src / name, dest / name)
     if not (dest / "tokenizer.json").exists():
-        if not (src / "vocab.txt").exists():
-            raise UserError(f"{src} has neither tokenizer.json nor vocab.txt; save the tokenizer with the model")
-        lower = True
-        cfg_file = src / "tokenizer_config.json"
-        if cfg_file.exists():
-            lower = json.loads(cfg_file.read_text()).get("do_lower_case", True)
-        build_wordpiece_tokenizer(src / "vocab.txt", lower).save(str(dest / "tokenizer.json"))
+        build_tokenizer_json(src, fam).save(str(dest / "tokenizer.json"))
+    if vocab_size:
+        from tokenizers import Tokenizer
+
+        size = Tokenizer.from_file(str(dest / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+        if size > int(vocab_size):
+            raise UserError(f"the tokenizer in {src} has {size} tokens but the model's embedding table has "
+                            f"{vocab_size} rows; use the tokenizer the model was trained with")
+
+
+def build_tokenizer_json(src: Path, fam):
+    """A ``tokenizers.Tokenizer`` for a folder without tokenizer.json, from the family's slow-tokenizer files."""
+    tok_cfg = {}
+    if (src / "tokenizer_config.json").exists():
+        tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    if (src / "vocab.txt").exists():
+        return build_wordpiece_tokenizer(src / "vocab.txt", tok_cfg.get("do_lower_case", True))
+    if (src / "vocab.json").exists() and (src / "merges.txt").exists():
+        return build_bytelevel_bpe_tokenizer(src / "vocab.json", src / "merges.txt",
+                                             add_prefix_space=tok_cfg.get("add_prefix_space", False))
+    for name in ("spm.model", "sentencepiece.bpe.model"):
+        if (src / name).exists():
+            return _convert_sentencepiece(src)
+    wanted = " or ".join(" + ".join(files) for files in fam.tokenizer_sources) or "tokenizer.json"
+    raise UserError(f"{src} has no tokenizer.json (nor {wanted}); save the tokenizer with the model")
 
 
 def build_wordpiece_tokenizer(vocab_file: Path, lowercase: bool):
@@ -91,10 +238,41 @@ def build_wordpiece_tokenizer(vocab_file: Path, lowercase: bool):
     return BertWordPieceTokenizer(str(vocab_file), lowercase=lowercase)._tokenizer
 
 
+def build_bytelevel_bpe_tokenizer(vocab_file: Path, merges_file: Path, add_prefix_space: bool = False):
+    """RoBERTa's tokenizer: byte-level BPE, ``<s> A </s></s> B </s>``, no segment ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.BPE.from_file(str(vocab_file), str(merges_file)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    tok.decoder = decoders.ByteLevel()
+    vocab = tok.get_vocab()
+    tok.post_processor = processors.RobertaProcessing(("</s>", vocab["</s>"]), ("<s>", vocab["<s>"]),
+                                                      add_prefix_space=add_prefix_space, trim_offsets=True)
+    return tok
+
+
+def _convert_sentencepiece(src: Path):
+    """SentencePiece models convert through transformers' converters (they need the sentencepiece package)."""
+    require("sentencepiece", "families", "converting a SentencePiece tokenizer")
+    transformers = require("transformers", "torch", "converting a SentencePiece tokenizer")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot convert the SentencePiece tokenizer in {src}: {str(exc).splitlines()[0]}") from None
+    return tok.backend_tokenizer
+
+
+# -- the PyTorch model with its head and pipeline --------------------------------------------------------------
+
 def load_torch_model(path: Path, info: dict[str, Any]):
     torch = require("torch", "torch", "Hugging Face models")
     transformers = require("transformers", "torch", "Hugging Face models")
-    cls = transformers.AutoModelForSequenceClassification if info["task"] == "classifier" else transformers.AutoModel
+    cls = {
+        "classification": transformers.AutoModelForSequenceClassification,
+        "rerank": transformers.AutoModelForSequenceClassification,
+        "token-classification": transformers.AutoModelForTokenClassification,
+        "sparse-embedding": transformers.AutoModelForMaskedLM,
+    }.get(info["task"], transformers.AutoModel)
     # bertopt shows its own progress; transformers' per-load bars and advisories only add noise
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
@@ -106,33 +284,85 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     return model.eval()
 
 
-def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | None):
-    """The model plus pooling (and normalisation) as one module: (ids, mask, types) -> outputs."""
+def _load_dense(path: Path, dense: dict[str, Any]):
+    import torch
+
+    folder = path / dense["path"]
+    linear = torch.nn.Linear(dense["in_features"], dense["out_features"], bias=dense["bias"])
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").exists():
+        state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; re-save the Dense module")
+    state = {k.removeprefix("linear."): v for k, v in state.items()}
+    linear.load_state_dict(state)
+    act = {"identity": torch.nn.Identity(), "tanh": torch.nn.Tanh(), "relu": torch.nn.ReLU(),
+           "gelu": torch.nn.GELU(), "sigmoid": torch.nn.Sigmoid(), "silu": torch.nn.SiLU()}[dense["activation"]]
+    return torch.nn.Sequential(linear, act).eval()
+
+
+def pool(hidden, attention_mask, mode: str):
+    """sentence-transformers' Pooling, written so the TorchScript exporter traces it (right padding)."""
+    import torch
+
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, -1e9).max(1).values
+    if mode in ("mean", "mean_sqrt_len_tokens"):
+        count = mask.sum(1).clamp(min=1e-9)
+        return (hidden * mask).sum(1) / (count if mode == "mean" else torch.sqrt(count))
+    if mode == "weightedmean":
+        weights = torch.cumsum(torch.ones_like(attention_mask), 1).unsqueeze(-1).to(hidden.dtype) * mask
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    if mode == "lasttoken":
+        last = (attention_mask.sum(1) - 1).clamp(min=0)
+        index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+        return torch.gather(hidden * mask, 1, index).squeeze(1)
+    raise ValueError(mode)
+
+
+def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list | None):
+    """The model plus its head and pipeline as one module: (the family's inputs, in order) -> outputs."""
     torch = require("torch", "torch", "Hugging Face models")
     model = load_torch_model(path, info)
+    family = family_by_name(info.get("family"))
+    input_names = family.input_names({"type_vocab_size": info.get("type_vocab_size", 2)})
+    task = canonical_task(info.get("task"))
+    modes = [pooling] if isinstance(pooling, str) else list(pooling or [])
+    denses = torch.nn.ModuleList([_load_dense(Path(path), d) for d in info.get("dense") or []]) \
+        if task == "embedding" and pooling is not None else torch.nn.ModuleList()
 
     class Encoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
+            self.denses = denses
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            if info["task"] == "classifier":
+        def forward(self, *inputs):
+            feeds = dict(zip(input_names, inputs))
+            out = self.model(**feeds)
+            if task in ("classification", "rerank", "token-classification"):
                 return (out.logits,)
+            if task == "sparse-embedding":
+                mask = feeds["attention_mask"].unsqueeze(-1).to(out.logits.dtype)
+                scores = torch.log1p(torch.relu(out.logits * mask))
+                if info.get("sparse_activation") == "log1p_relu":
+                    scores = torch.log1p(scores)
+                pooled = scores.sum(1) if info.get("sparse_pooling") == "sum" else scores.max(1).values
+                return (pooled,)
             hidden = out.last_hidden_state
-            if pooling is None:
+            if not modes:
                 return (hidden,)
-            if pooling == "mean":
-                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            elif pooling == "cls":
-                pooled = hidden[:, 0]
-            elif pooling == "max":
-                mask = attention_mask.unsqueeze(-1)
-                pooled = hidden.masked_fill(mask == 0, -1e9).max(1).values
-            else:
-                raise ValueError(pooling)
+            mask = feeds["attention_mask"]
+            pooled = torch.cat([pool(hidden, mask, m) for m in modes], dim=-1) if len(modes) > 1 \
+                else pool(hidden, mask, modes[0])
+            for dense in self.denses:
+                pooled = dense(pooled)
             if info.get("normalize"):
                 pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
             return hidden, pooled
@@ -141,18 +371,35 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | None):
     return Encoder().eval()
 
 
-def output_specs(info: dict[str, Any], pooling: str | None) -> list[dict[str, Any]]:
+def input_specs(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs the exported graph takes (the family's, less token_type_ids where it has no segment table)."""
+    family = family_by_name(info.get("family"))
+    return family.input_specs({"type_vocab_size": info.get("type_vocab_size", 2)})
+
+
+def output_specs(info: dict[str, Any], pooling: str | list | None) -> list[dict[str, Any]]:
+    """The contract's outputs for the task (each with its kind); the primary output is the last."""
+    task = canonical_task(info.get("task"))
+    name, kind = TASK_OUTPUTS[task]
+    if task in ("classification", "rerank"):
+        return [{"name": name, "dtype": "float32", "shape": ["batch", 1 if task == "rerank" else info["num_labels"]],
+                 "kind": kind}]
+    if task == "token-classification":
+        return [{"name": name, "dtype": "float32", "shape": ["batch", "sequence", info["num_labels"]], "kind": kind}]
+    if task == "sparse-embedding":
+        return [{"name": name, "dtype": "float32", "shape": ["batch", info["vocab_size"]], "kind": kind}]
     hidden = info["hidden_size"]
-    if info["task"] == "classifier":
-        return [{"name": "logits", "dtype": "float32", "shape": ["batch", info["num_labels"]], "kind": "logits"}]
     specs = [{"name": "last_hidden_state", "dtype": "float32", "shape": ["batch", "sequence", hidden],
               "kind": "token"}]
     if pooling is not None:
-        specs.append({"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", hidden],
-                      "kind": "embedding", "pooling": pooling, "normalized": bool(info.get("normalize"))})
+        dim = info["dense"][-1]["out_features"] if info.get("dense") else \
+            hidden * (len(pooling) if isinstance(pooling, list) else 1)
+        specs.append({"name": name, "dtype": "float32", "shape": ["batch", dim], "kind": kind,
+                      "pooling": pooling, "normalized": bool(info.get("normalize"))})
     return specs
 
 
+# the inputs of a BERT (kept for code written before families: TensorFlow sources)
 INPUT_SPECS = [
     {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
     {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "sequence"]},
@@ -179,34 +426,37 @@ class SourceModel:
 
 
 def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, max_seq_len: int | None = None,
-                 batch_size: int = 32, pooling: str | None = "auto", length_bucketing: bool = True):
-    """A Predictor running the original Hugging Face model in PyTorch."""
+                 batch_size: int = 32, pooling: str | list | None = "auto", length_bucketing: bool = True,
+                 task: str | None = None):
+    """A Predictor running the original Hugging Face model (with its task head) in PyTorch."""
     import tempfile
 
     from bertopt.runtime import Predictor
 
-    info = read_model_info(path)
-    pool = resolve_pooling(info, pooling)
-    module = build_encoder_module(path, info, pool)
-    outputs = output_specs(info, pool)
+    path = Path(path)
+    info = read_model_info(path, task=task)
+    pool_mode = resolve_pooling(info, pooling)
+    module = build_encoder_module(path, info, pool_mode)
+    outputs = output_specs(info, pool_mode)
+    inputs = input_specs(info)
     info = {**info, "primary_output": outputs[-1]["name"]}
     tok_dir = path
-    if not (path / "tokenizer.json").exists():  # build one from vocab.txt, in a scratch folder
+    if not (path / "tokenizer.json").exists():  # build one from the slow-tokenizer files, in a scratch folder
         tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
-        copy_tokenizer(path, tok_dir)
-    spec = SourceModel(path, tok_dir, INPUT_SPECS, outputs, info, label=f"pytorch:{path}", module=module,
+        copy_tokenizer(path, tok_dir, family=info["family"])
+    spec = SourceModel(path, tok_dir, inputs, outputs, info, label=f"pytorch:{path}", module=module,
                        runtime_options={"bf16": bf16})
     return Predictor(spec, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
                      length_bucketing=length_bucketing)
 
 
-def resolve_pooling(info: dict[str, Any], pooling: str | None) -> str | None:
-    if info["task"] == "classifier":
+def resolve_pooling(info: dict[str, Any], pooling: str | list | None) -> str | list | None:
+    if canonical_task(info.get("task")) != "embedding":
         return None
     if pooling in (None, "none"):
         return None
     if pooling == "auto":
         return info.get("pooling") or "mean"
-    if pooling not in ("mean", "cls", "max"):
-        raise UserError(f"unknown pooling '{pooling}'; choose auto, mean, cls, max or none")
+    if pooling not in POOLING_MODES:
+        raise UserError(f"unknown pooling '{pooling}'; choose auto, none or one of {', '.join(POOLING_MODES)}")
     return pooling

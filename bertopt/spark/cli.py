@@ -44,12 +44,19 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("auto", "--format", help="Input format: auto (from the file name), parquet, csv, "
                                 "text."),
         outputs: Optional[str] = typer.Option(None, "--outputs", help="Comma-separated outputs to add (default: "
-                                              "the sentence embedding, or logits,label for classifiers)."),
+                                              "the task's result: the sentence embedding; logits,label,confidence "
+                                              "for classifiers; entities for token classification; score for "
+                                              "rerank, with --pair-col; sparse for SPLADE)."),
         prefix: str = typer.Option("", "--prefix", help="Prefix for the prediction column names."),
         ship: bool = typer.Option(False, "--ship", help="Zip the artifact and send it to the executors with "
                                   "SparkContext.addArchive (for clusters without a shared file system)."),
         provider: str = SPARK_PROVIDER.typer_option(),
         force: bool = typer.Option(False, "--force", help="Replace an existing --output."),
+        aggregation: str = typer.Option("simple", "--aggregation", help="Token classification: how tokens become "
+                                        "entities, as in the transformers pipeline: none, simple, first, average, "
+                                        "max."),
+        sparse_format: str = typer.Option("struct", "--sparse-format", help="SPLADE models: 'struct' "
+                                          "(indices and values arrays) or 'vector' (Spark ML SparseVector)."),
     ) -> None:
         """Run an artifact over a table with Spark and write Parquet with the predictions appended."""
         import warnings
@@ -72,7 +79,7 @@ def register(app: typer.Typer) -> None:
             result = spark_predict(artifact, input, output, text_col=text_col, pair_col=pair_col, master=master,
                                    partitions=partitions, batch_size=batch_size, max_seq_len=max_seq_len, fmt=fmt,
                                    outputs=names, prefix=prefix, force=force, ship=ship, provider=provider,
-                                   progress=report)
+                                   progress=report, aggregation=aggregation, sparse_format=sparse_format)
         console.print(f"[green]wrote[/] {result['output']}: {result['rows']} rows ({result['null_rows']} null/empty "
                       f"texts -> null), columns + {', '.join(prefix + o for o in result['outputs'])}")
         console.print(f"{result['rows_per_s']:.1f} rows/s ({result['rows']} rows in {result['seconds']:.1f} s on "

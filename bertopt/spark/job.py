@@ -162,11 +162,13 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
                   batch_size: int = 32, max_seq_len: int | None = None, fmt: str = "auto",
                   outputs: Sequence[str] | None = None, prefix: str = "", force: bool = False, ship: bool = False,
                   provider: str = "auto", threads: int | None = None, spark=None,
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[int, int], None] | None = None, aggregation: str = "simple",
+                  sparse_format: str = "struct") -> dict[str, Any]:
     """Run the artifact over a table and write Parquet with the input columns plus the predictions."""
     from bertopt.artifact import Artifact
+    from bertopt.runtime.tasks import check_aggregation
     from bertopt.spark.session import get_session, worker_errors
-    from bertopt.spark.udf import check_columns, predict_dataframe, resolve_outputs
+    from bertopt.spark.udf import SPARSE_FORMATS, check_columns, check_task_columns, predict_dataframe, resolve_outputs
 
     input, output = str(input), str(output)
     if partitions is not None and partitions < 1:
@@ -187,6 +189,10 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
     check_writable(out_path, "--output")
     resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
+    check_task_columns(art, pair_col is not None)  # so do a missing passage column and an unwanted one
+    check_aggregation(aggregation)
+    if sparse_format not in SPARSE_FORMATS:
+        raise UserError(f"unknown --sparse-format {sparse_format!r}; choose struct or vector")
 
     t0 = time.perf_counter()
     if spark is None:
@@ -201,7 +207,8 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     counters: dict[str, Any] = {}
     predicted = predict_dataframe(df, art, text_col=text_col, pair_col=pair_col, outputs=outputs, prefix=prefix,
                                   batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
-                                  threads=threads, ship=ship, counters=counters)
+                                  threads=threads, ship=ship, counters=counters, aggregation=aggregation,
+                                  sparse_format=sparse_format)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.parent / f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}"

@@ -42,6 +42,18 @@ LOAD_LOG_ENV = "BERTOPT_SPARK_LOAD_LOG"
 CACHE_SIZE = 4  # models kept per worker process (different artifacts, or one per GPU)
 DEFAULT_WINDOW = 1024  # rows one predict call sees: sorted by length, then cut into batch_size batches
 LABEL = "label"
+CONFIDENCE = "confidence"
+ENTITIES = "entities"
+SCORE = "score"
+SPARSE = "sparse"
+# columns computed from the task's output (bertopt.runtime.tasks), next to the artifact's own outputs
+DERIVED = {LABEL: "classification", CONFIDENCE: "classification", ENTITIES: "token-classification",
+           SCORE: "rerank", SPARSE: "sparse-embedding"}
+_NEEDS = {"classification": "a classifier (a logits output)",
+          "token-classification": "a token-classification model (a token-logits output)",
+          "rerank": "a rerank (cross-encoder) model (a score output)",
+          "sparse-embedding": "a sparse-embedding (SPLADE) model (a sparse output)"}
+SPARSE_FORMATS = ("struct", "vector")
 # Java's \s, so the Spark-side null mask and the Python-side check agree on what "empty" text is
 _BLANK = " \t\n\x0b\f\r"
 _BLANK_REGEX = r"\A[ \t\n\x0B\f\r]*\z"
@@ -121,15 +133,19 @@ def ship_artifact(spark, artifact) -> ArtifactRef:
 # -- options and the per-process model cache ---------------------------------------------------------------
 @dataclass(frozen=True)
 class UdfOptions:
-    outputs: tuple[str, ...]  # artifact output names, and/or "label" for classifiers
+    outputs: tuple[str, ...]  # artifact output names and/or derived columns (DERIVED)
     batch_size: int = 32
     max_seq_len: int | None = None
     provider: str = "auto"  # auto: CUDA when the executor has a GPU, else CPU; or "cpu" / "cuda"
     threads: int | None = None  # per task; default: executor cores // concurrent tasks
     concurrent_tasks: int = 1
     load_log: str | None = None
-    label_source: str | None = None  # the logits output "label" is the argmax of
+    label_source: str | None = None  # the output the derived columns are computed from (the task's output)
     id2label: tuple[tuple[str, str], ...] = ()
+    task: str = "embedding"
+    aggregation: str = "simple"  # token classification: the transformers-pipeline aggregation strategy
+    sparse_format: str = "struct"  # SPLADE: struct<indices, values> or "vector" (Spark ML SparseVector)
+    sparse_size: int = 0  # the vocabulary size, for SparseVector
 
 
 def task_placement(opts: UdfOptions):
@@ -211,27 +227,79 @@ def is_text(value: Any) -> bool:
 
 
 def predict_rows(predictor, texts: Sequence[Any], pairs: Sequence[Any] | None, opts: UdfOptions) -> dict[str, list]:
-    """Each requested output as a per-row list (arrays, or label strings); None where the text is null/empty."""
+    """Each requested output as a per-row list (arrays; label strings, confidences, entity lists, rerank scores,
+    sparse {indices, values}); None where the text is null/empty."""
+    from bertopt.runtime.tasks import results_from_outputs
+
     n = len(texts)
     valid = [i for i in range(n) if is_text(texts[i]) and (pairs is None or is_text(pairs[i]))]
     result: dict[str, list] = {name: [None] * n for name in opts.outputs}
     if not valid:
         return result
-    model_outputs = [o for o in opts.outputs if o != LABEL]
-    needed = list(dict.fromkeys(model_outputs + ([opts.label_source] if LABEL in opts.outputs else [])))
-    run = predictor.run([texts[i] for i in valid], [pairs[i] for i in valid] if pairs is not None else None,
-                        outputs=needed, batch_size=opts.batch_size)
+    derived = [o for o in opts.outputs if o in DERIVED]
+    model_outputs = [o for o in opts.outputs if o not in DERIVED]
+    needed = list(dict.fromkeys(model_outputs + ([opts.label_source] if derived else [])))
+    valid_texts = [texts[i] for i in valid]
+    valid_pairs = [pairs[i] for i in valid] if pairs is not None else None
+    run = predictor.run(valid_texts, valid_pairs, outputs=needed, batch_size=opts.batch_size)
     for name in model_outputs:
         column, values = result[name], run[name]
         for j, i in enumerate(valid):
             column[i] = values[j]
-    if LABEL in opts.outputs:
-        names = dict(opts.id2label)
-        column = result[LABEL]
-        for j, i in enumerate(valid):
-            index = str(int(np.argmax(run[opts.label_source][j])))
-            column[i] = names.get(index, index)
+    if derived:
+        found = results_from_outputs(predictor, opts.task, valid_texts, run[opts.label_source], pairs=valid_pairs,
+                                     aggregation=opts.aggregation)
+        for name in derived:
+            column = result[name]
+            for j, i in enumerate(valid):
+                column[i] = _column_value(name, found[j])
+        if SPARSE in derived and opts.sparse_format == "vector":
+            from pyspark.ml.linalg import SparseVector
+
+            result[SPARSE] = [None if v is None else SparseVector(opts.sparse_size, v["indices"], v["values"])
+                              for v in result[SPARSE]]
     return result
+
+
+def _column_value(name: str, found: Any) -> Any:
+    if name == LABEL:
+        return found["label"]
+    if name == CONFIDENCE:
+        return found["score"]
+    if name == ENTITIES:
+        return [{"entity_group": e.get("entity_group", e.get("entity")), "score": e["score"], "word": e["word"],
+                 "start": e["start"], "end": e["end"]} for e in found]
+    return found  # rerank score (float), sparse {"indices", "values"}
+
+
+def spark_type(name: str, sparse_format: str = "struct"):
+    """The Spark SQL type of a derived column."""
+    from pyspark.sql.types import (
+        ArrayType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    if name == LABEL:
+        return StringType()
+    if name in (CONFIDENCE, SCORE):
+        return DoubleType()
+    if name == ENTITIES:
+        return ArrayType(StructType([StructField("entity_group", StringType()), StructField("score", DoubleType()),
+                                     StructField("word", StringType()), StructField("start", IntegerType()),
+                                     StructField("end", IntegerType())]))
+    if name == SPARSE:
+        if sparse_format == "vector":
+            from pyspark.ml.linalg import VectorUDT
+
+            return VectorUDT()
+        return StructType([StructField("indices", ArrayType(IntegerType())),
+                           StructField("values", ArrayType(FloatType()))])
+    return ArrayType(FloatType())
 
 
 class _MakePredictFn:
@@ -274,10 +342,18 @@ def _is_pooled(spec: dict[str, Any]) -> bool:
 
 
 def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
-    """The output names to predict: the artifact's primary output (plus "label" for classifiers) by default."""
+    """The columns to predict. By default the task's result: the sentence embedding; logits, label and
+    confidence for classifiers; entities for token classification; score for rerank; sparse for SPLADE."""
+    from bertopt.runtime.tasks import task_of
+
     specs = {o["name"]: o for o in art.outputs}
-    logits = [name for name, o in specs.items() if o.get("kind") == "logits"]
+    task = task_of(art)
+    derived = [name for name, t in DERIVED.items() if t == task]
     if outputs is None:
+        if task == "classification":
+            return [_task_output(art, task), LABEL, CONFIDENCE]
+        if derived:
+            return derived
         from bertopt.artifact import primary_output
 
         primary = primary_output(art)
@@ -287,23 +363,29 @@ def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
                 raise UserError(f"artifact {art.path} has only per-token outputs; the Spark UDF returns one row per "
                                 "text, export the model with pooling (a sentence embedding) or as a classifier")
             primary = pooled[-1]
-        return [primary] + ([LABEL] if logits else [])
+        return [primary]
     names = [outputs] if isinstance(outputs, str) else list(outputs)
     if not names:
         raise UserError("no outputs requested; name at least one (e.g. --outputs sentence_embedding)")
     for name in names:
-        if name == LABEL:
-            if not logits:
-                raise UserError(f"output 'label' needs a classifier (a logits output); {art.path} has: "
-                                f"{', '.join(specs)}")
+        if name in DERIVED:
+            if DERIVED[name] != task:
+                raise UserError(f"output '{name}' needs {_NEEDS[DERIVED[name]]}; {art.path} is a {task} model with "
+                                f"outputs: {', '.join(list(specs) + derived)}")
             continue
         if name not in specs:
-            raise UserError(f"unknown output '{name}'; this artifact has: {', '.join(specs)}"
-                            + (", label" if logits else ""))
+            raise UserError(f"unknown output '{name}'; this artifact has: {', '.join(list(specs) + derived)}")
         if not _is_pooled(specs[name]):
+            hint = " (token classification: ask for 'entities')" if task == "token-classification" else ""
             raise UserError(f"output '{name}' is per-token; the Spark UDF returns one value per row, "
-                            "choose a pooled output (sentence embedding or logits)")
+                            f"choose a pooled output (sentence embedding or logits){hint}")
     return names
+
+
+def _task_output(art, task: str) -> str:
+    from bertopt.runtime.tasks import task_output
+
+    return task_output(art, task)
 
 
 def _output_dim(art, name: str) -> int:
@@ -317,7 +399,8 @@ def _output_dim(art, name: str) -> int:
 
 
 def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq_len: int | None, provider: str,
-                 threads: int | None, load_log: str | None) -> UdfOptions:
+                 threads: int | None, load_log: str | None, aggregation: str = "simple",
+                 sparse_format: str = "struct") -> UdfOptions:
     from bertopt.spark.placement import concurrent_tasks_for
     from bertopt.spark.session import worker_reuse_enabled
 
@@ -333,13 +416,34 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
     conf = spark.sparkContext.getConf()
     concurrent = concurrent_tasks_for(spark.sparkContext.master, conf.get("spark.executor.cores"),
                                       conf.get("spark.task.cpus"))
-    logits = [o["name"] for o in art.outputs if o.get("kind") == "logits"]
+    from bertopt.runtime.tasks import check_aggregation, task_of
+
+    task = task_of(art)
+    check_aggregation(aggregation)
+    if sparse_format not in SPARSE_FORMATS:
+        raise UserError(f"unknown sparse format {sparse_format!r}; choose struct (indices and values arrays) or "
+                        "vector (Spark ML SparseVector)")
+    sparse_size = _output_dim(art, _task_output(art, task)) if task == "sparse-embedding" else 0
     id2label = art.model_info.get("id2label") or {}
     return UdfOptions(outputs=tuple(outputs), batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                       threads=threads, concurrent_tasks=concurrent,
                       load_log=load_log or os.environ.get(LOAD_LOG_ENV),
-                      label_source=logits[0] if logits else None,
-                      id2label=tuple((str(k), str(v)) for k, v in id2label.items()))
+                      label_source=_task_output(art, task) if task != "embedding" else None,
+                      id2label=tuple((str(k), str(v)) for k, v in id2label.items()), task=task,
+                      aggregation=aggregation, sparse_format=sparse_format, sparse_size=sparse_size)
+
+
+def check_task_columns(art, pairs: bool) -> None:
+    """A rerank model needs a passage column; a single-text model refuses one."""
+    from bertopt.runtime.tasks import task_of
+
+    task = task_of(art)
+    if task == "rerank" and not pairs:
+        raise UserError("a rerank model scores (query, passage) pairs; give the passage column too "
+                        "(--pair-col, or pairs=True and two columns)")
+    if pairs and task != "rerank" and art.model_info.get("pair_input") is False:
+        raise UserError(f"this {task} model takes a single text, but a second text column was given; drop "
+                        "--pair-col / pairs=True")
 
 
 def _ref_for(spark, art, archive: str | None, ship: bool) -> ArtifactRef:
@@ -361,12 +465,17 @@ def _active_session(spark):
 
 def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, max_seq_len: int | None = None,
                 pairs: bool = False, provider: str = "auto", threads: int | None = None, window: int | None = None,
-                spark=None, archive: str | None = None, ship: bool = False, load_log: str | None = None):
+                spark=None, archive: str | None = None, ship: bool = False, load_log: str | None = None,
+                aggregation: str = "simple", sparse_format: str = "struct"):
     """A column function running an artifact on a text column (or two, for pairs), built on
     ``pyspark.ml.functions.predict_batch_udf``.
 
     ``udf = predict_udf("art/")`` then ``df.withColumn("embedding", udf("text"))`` gives ``array<float>``
-    (sentence embedding, or logits for classifiers); ``output="label"`` gives the class name as a string.
+    (sentence embedding, or logits for classifiers); ``output="label"`` gives the class name as a string,
+    ``"confidence"`` its score. Task models give their result by default: token classification ``entities``
+    (``array<struct<entity_group, score, word, start, end>>``, pipeline ``aggregation``), rerank ``score``
+    (a double; ``pairs=True``, called with the query and passage columns), SPLADE ``sparse``
+    (``struct<indices, values>``, or a Spark ML ``SparseVector`` with ``sparse_format="vector"``).
     Each predict call sees up to ``window`` rows, sorted by length and cut into ``batch_size`` batches.
     ``archive=NAME`` loads the artifact on executors from an archive shipped as ``--archives ART.zip#NAME``;
     ``ship=True`` zips and ships the driver's copy itself.
@@ -377,15 +486,19 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
 
     spark = _active_session(spark)
     art = _load_on_driver(artifact)
-    name = resolve_outputs(art, output)[0] if output is None else resolve_outputs(art, [output])[0]
+    check_task_columns(art, pairs)
+    name = resolve_outputs(art, None)[0] if output is None else resolve_outputs(art, [output])[0]
     opts = make_options(art, spark, [name], batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
-                        threads=threads, load_log=load_log)
+                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format)
     ref = _ref_for(spark, art, archive, ship)
     is_label = name == LABEL
-    dim = 0 if is_label else _output_dim(art, name)
     window = max(batch_size, window or DEFAULT_WINDOW)
-    raw = predict_batch_udf(_MakePredictFn(ref, opts, pairs, dim),
-                            return_type=StringType() if is_label else ArrayType(FloatType()), batch_size=window)
+    if name in DERIVED and not is_label:
+        raw = _TaskColumnFn(ref, opts, name).udf(pairs, spark_type(name, sparse_format))
+    else:
+        dim = 0 if is_label else _output_dim(art, name)
+        raw = predict_batch_udf(_MakePredictFn(ref, opts, pairs, dim),
+                                return_type=StringType() if is_label else ArrayType(FloatType()), batch_size=window)
 
     def column(text_col, pair_col=None):
         if pairs and pair_col is None:
@@ -404,6 +517,39 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     column.options = opts
     column.artifact_ref = ref
     return column
+
+
+class _TaskColumnFn:
+    """A pandas UDF body for a task column (confidence, entities, score, sparse): importable, so the
+    closure pickles by reference; the model comes from this process's cache."""
+
+    def __init__(self, ref: ArtifactRef, opts: UdfOptions, name: str):
+        self.ref, self.opts, self.name = ref, opts, name
+
+    def values(self, texts, pairs):
+        import pandas as pd
+
+        rows = predict_rows(get_predictor(self.ref, self.opts), texts.tolist(),
+                            pairs.tolist() if pairs is not None else None, self.opts)[self.name]
+        if self.name == SPARSE and self.opts.sparse_format == "struct":  # a struct column comes as a frame
+            return pd.DataFrame({"indices": [v["indices"] if v else [] for v in rows],
+                                 "values": [v["values"] if v else [] for v in rows]})
+        return pd.Series(rows)
+
+    def udf(self, with_pairs: bool, return_type):
+        import pandas as pd
+        from pyspark.sql import functions as F
+
+        if with_pairs:
+            def predict(texts, pairs):
+                return self.values(texts, pairs)
+            predict.__annotations__ = {"texts": pd.Series, "pairs": pd.Series, "return": pd.Series}
+        else:
+            def predict(texts):
+                return self.values(texts, None)
+            predict.__annotations__ = {"texts": pd.Series, "return": pd.Series}
+        # real classes, not the strings ``from __future__ import annotations`` would leave for Spark to resolve
+        return F.pandas_udf(predict, return_type)
 
 
 class _PartitionPredictor:
@@ -447,30 +593,33 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
                       outputs: Sequence[str] | str | None = None, prefix: str = "", batch_size: int = 32,
                       max_seq_len: int | None = None, provider: str = "auto", threads: int | None = None,
                       archive: str | None = None, ship: bool = False, load_log: str | None = None,
-                      counters: dict | None = None):
+                      counters: dict | None = None, aggregation: str = "simple", sparse_format: str = "struct"):
     """``df`` with every input column kept and one column per prediction appended (``mapInPandas``).
 
-    Embeddings/logits are ``array<float>``, ``label`` is a string; null or empty text gives nulls.
+    Embeddings/logits are ``array<float>``, ``label`` is a string and ``confidence`` a double (classifiers),
+    ``entities`` an ``array<struct<entity_group, score, word, start, end>>`` (token classification), ``score`` a
+    double (rerank: ``pair_col`` holds the passages), ``sparse`` a ``struct<indices, values>`` or SparseVector
+    (SPLADE); null or empty text gives nulls.
     ``counters``: pass a dict to receive Spark accumulators ``rows`` and ``null_rows`` filled by the job.
     """
-    from pyspark.sql.types import ArrayType, FloatType, StringType, StructField, StructType
+    from pyspark.sql.types import StructField, StructType
 
     spark = df.sparkSession
     check_columns(df, text_col, pair_col)
     art = _load_on_driver(artifact)
+    check_task_columns(art, pair_col is not None)
     names = resolve_outputs(art, outputs)
     columns = {name: f"{prefix}{name}" for name in names}
     clash = [c for c in columns.values() if c in df.columns]
     if clash:
         raise UserError(f"the input already has a column '{clash[0]}'; choose a --prefix for the prediction columns")
     opts = make_options(art, spark, names, batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
-                        threads=threads, load_log=load_log)
+                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format)
     ref = _ref_for(spark, art, archive, ship)
     rows_acc = null_acc = None
     if counters is not None:
         rows_acc = counters["rows"] = spark.sparkContext.accumulator(0)
         null_acc = counters["null_rows"] = spark.sparkContext.accumulator(0)
     schema = StructType(list(df.schema.fields) + [
-        StructField(columns[name], StringType() if name == LABEL else ArrayType(FloatType()), True)
-        for name in names])
+        StructField(columns[name], spark_type(name, sparse_format), True) for name in names])
     return df.mapInPandas(_PartitionPredictor(ref, opts, text_col, pair_col, columns, rows_acc, null_acc), schema)

@@ -30,7 +30,15 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
     from bertopt.errors import UserError
     from bertopt.runtime import Predictor
     from bertopt.spark.session import get_session, worker_errors
-    from bertopt.spark.udf import LABEL, is_text, predict_udf, resolve_outputs
+    from bertopt.spark.udf import (
+        DERIVED,
+        LABEL,
+        check_task_columns,
+        is_text,
+        predict_rows,
+        predict_udf,
+        resolve_outputs,
+    )
 
     art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
     texts = list(texts)
@@ -38,9 +46,11 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         raise UserError("spark check needs at least one text")
     if pairs is not None and len(pairs) != len(texts):
         raise UserError(f"got {len(texts)} texts but {len(pairs)} pairs")
+    check_task_columns(art, pairs is not None)
     name = resolve_outputs(art, [output] if output else None)[0]
     if name == LABEL:
         raise UserError("spark check compares numeric outputs; choose the logits or embedding output")
+    task_column = name in DERIVED  # entities / score / sparse: compared with the same post-processing in process
 
     t0 = time.perf_counter()
     session = spark if spark is not None else get_session(master, app_name="bertopt validate --spark")
@@ -71,9 +81,16 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
     predictor = Predictor(art, batch_size=batch_size, threads=threads)
     valid_texts = [texts[i] for i in valid]
     valid_pairs = [pairs[i] for i in valid] if pairs is not None else None
-    predictor.run(valid_texts[:batch_size], valid_pairs[:batch_size] if valid_pairs else None, outputs=[name])
+    opts = udf.options
+
+    def in_process(chunk_texts, chunk_pairs):
+        if task_column:
+            return predict_rows(predictor, chunk_texts, chunk_pairs, opts)[name]
+        return predictor.run(chunk_texts, chunk_pairs, outputs=[name])[name]
+
+    in_process(valid_texts[:batch_size], valid_pairs[:batch_size] if valid_pairs else None)
     t3 = time.perf_counter()
-    reference = predictor.run(valid_texts, valid_pairs, outputs=[name])[name] if valid else np.zeros((0, 0))
+    reference = in_process(valid_texts, valid_pairs) if valid else np.zeros((0, 0))
     in_process_seconds = time.perf_counter() - t3
     # Same batches: dynamic int8 quantises activations with one scale per batch, so a text's result depends
     # on its batch neighbours. Re-run in process exactly as the UDF batched: per partition, rows in order, cut
@@ -81,15 +98,14 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
     window = max(batch_size, DEFAULT_WINDOW)
     partition_of = {int(r["idx"]): int(r["partition"]) for r in rows}
     position = {i: j for j, i in enumerate(valid)}
-    same_batches = np.array(reference, copy=True)
+    same_batches = list(reference) if task_column else np.array(reference, copy=True)
     for part in sorted(set(partition_of.values())):
         members = sorted(i for i, p in partition_of.items() if p == part)
         for start in range(0, len(members), window):
             chunk = [i for i in members[start:start + window] if i in position]
             if not chunk:
                 continue
-            out = predictor.run([texts[i] for i in chunk], [pairs[i] for i in chunk] if pairs is not None else None,
-                                outputs=[name])[name]
+            out = in_process([texts[i] for i in chunk], [pairs[i] for i in chunk] if pairs is not None else None)
             for k, i in enumerate(chunk):
                 same_batches[position[i]] = out[k]
     reference = same_batches
@@ -100,7 +116,7 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         if got is None:
             max_abs_diff = float("inf")
             break
-        max_abs_diff = max(max_abs_diff, float(np.max(np.abs(np.asarray(got, dtype=np.float32) - reference[j]))))
+        max_abs_diff = max(max_abs_diff, row_distance(got, reference[j]))
     expected_null = set(range(len(texts))) - set(valid)
     got_null = {i for i, v in by_index.items() if v is None}
     udf_rps = len(rows) / udf_seconds if udf_seconds > 0 else float("inf")
@@ -120,3 +136,30 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         "master": session.sparkContext.master,
         "batch_size": batch_size,
     }
+
+
+def row_distance(got: Any, want: Any) -> float:
+    """Largest difference between a UDF value and the in-process one: numbers and arrays elementwise; a SPLADE
+    struct or SparseVector term by term (a term only one side has counts in full); entities by score, and
+    infinitely far when their groups or spans differ."""
+    if hasattr(got, "indices") and hasattr(got, "values") and not isinstance(got, dict):  # SparseVector, Row
+        got = {"indices": list(got["indices"] if not hasattr(got, "toArray") else got.indices),
+               "values": list(got["values"] if not hasattr(got, "toArray") else got.values)}
+    if hasattr(want, "toArray"):
+        want = {"indices": list(want.indices), "values": list(want.values)}
+    if isinstance(want, dict):
+        a = dict(zip(got["indices"], got["values"]))
+        b = dict(zip(want["indices"], want["values"]))
+        return max((abs(float(a.get(k, 0.0)) - float(b.get(k, 0.0))) for k in set(a) | set(b)), default=0.0)
+    if isinstance(want, list) and (not want or isinstance(want[0], dict)):  # entities
+        if len(got) != len(want):
+            return float("inf")
+        worst = 0.0
+        for g, w in zip(got, want):
+            if (g["entity_group"], g["start"], g["end"], g["word"]) != (w["entity_group"], w["start"], w["end"],
+                                                                          w["word"]):
+                return float("inf")
+            worst = max(worst, abs(float(g["score"]) - float(w["score"])))
+        return worst
+    diff = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(want, dtype=np.float64))
+    return float(np.max(diff)) if diff.size else 0.0

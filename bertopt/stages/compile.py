@@ -13,7 +13,6 @@ pruned artifact (or an int8-static one made from it), not the output of ``optimi
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.stages.common import require_onnx_artifact
-    from bertopt.stages.onnx_util import load_onnx
+    from bertopt.stages.onnx_util import copy_onnx, load_onnx
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
@@ -63,7 +62,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         precision = precision_label(art.precision, config["inference_precision"])
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
-        shutil.copy2(art.model_path, w.dir / "model.onnx")
+        copy_onnx(art.model_path, w.dir / "model.onnx")  # with its external data files
         w.runtime = config["runtime"]
         w.extra["runtime_options"] = options
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)

@@ -33,6 +33,28 @@ def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[
     return names
 
 
+def unshare_initializers(graph, consumers: set[str]) -> int:
+    """Give each of ``consumers`` its own copy of an initializer it shares with other nodes; returns how many
+    copies were made. The exporter merges equal constants (a freshly initialised model's LayerNorms all share
+    one ones/zeros pair), and ONNX Runtime's fp16 converter names the fp32 cast of a blocked node's initializer
+    after the initializer, so two blocked nodes reading one initializer would get two casts of one name."""
+    inits = {i.name: i for i in graph.initializer}
+    seen: dict[str, int] = {}
+    copies = 0
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name not in inits:
+                continue
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] > 1 and node.name in consumers:
+                clone = graph.initializer.add()
+                clone.CopyFrom(inits[name])
+                clone.name = f"{name}__copy{copies}"
+                node.input[k] = clone.name
+                copies += 1
+    return copies
+
+
 def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     """fp16 weights and compute, fp32 inputs/outputs and fp32 islands; returns (model, fp32 node names)."""
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -41,6 +63,8 @@ def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
 
     ensure_node_names(model.graph)
     blocked_nodes = sorted(mask_path_nodes(model.graph) | set(keep_nodes))
+    unshare_initializers(model.graph, set(blocked_nodes) | {n.name for n in model.graph.node
+                                                            if n.op_type in keep_fp32_ops})
     wrapper = OnnxModel(model)
     wrapper.convert_float_to_float16(keep_io_types=True, op_block_list=list(keep_fp32_ops),
                                      node_block_list=blocked_nodes, use_symbolic_shape_infer=True)
@@ -61,7 +85,7 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "fp16 conversion")
     if config["accuracy_target"]:
@@ -72,6 +96,7 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         save_onnx(model, w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({"before": before, "after": graph_stats(model), "kept_fp32_nodes": kept,
@@ -89,7 +114,7 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
     from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
     from bertopt.stages.calibration import load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -120,6 +145,7 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
             (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
             blocked = kept_by_convert[str(result["model"])]
         converted = load_onnx(w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision="fp16")
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({"before": before, "after": graph_stats(converted),

@@ -13,9 +13,17 @@ _ROLE_BY_NAME = {"input_ids": "input_ids", "attention_mask": "attention_mask", "
 
 
 def load_onnx(path: Path):
+    """The model with its weights (external data files next to it are read too), or a one-line UserError."""
     import onnx
     from google.protobuf.message import DecodeError
 
+    from bertopt.artifact import onnx_external_data_files
+
+    path = Path(path)
+    missing = [f for f in onnx_external_data_files(path) if not (path.parent / f).exists()]
+    if missing:
+        raise UserError(f"{path} keeps its weights in external data file {missing[0]}, which is not next to it; "
+                        "copy it into the same folder")
     try:
         model = onnx.load(str(path))
     except (DecodeError, ValueError, OSError) as exc:
@@ -49,11 +57,58 @@ def weight_matmuls(model, op_types=("MatMul", "Attention")) -> list[tuple[Any, s
             and node.input[0] not in weights]
 
 
-def save_onnx(model, path: Path) -> None:
+# protobuf cannot hold more than 2 GB; models near that keep their weights in an external data file
+EXTERNAL_DATA_ABOVE_BYTES = 1_800_000_000
+
+
+def save_onnx(model, path: Path, external: bool | None = None) -> None:
+    """Save ``model``; with ``external`` (default: when it is too large for one protobuf) its weights go to
+    ``<name>_data`` next to it, the layout ``torch.onnx.export`` and Optimum use for large models."""
     import onnx
 
-    # models above protobuf's 2 GB limit need external data; BERT-base is far below
-    onnx.save(model, str(path))
+    path = Path(path)
+    if external is None:
+        external = model.ByteSize() > EXTERNAL_DATA_ABOVE_BYTES
+    data = path.with_name(path.name + "_data")
+    if data.exists():
+        data.unlink()  # onnx appends to an existing data file
+    if external:
+        # onnx moves the weights out of the model object it saves; the caller's model keeps them
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        onnx.save(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+                  size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+
+
+def uses_external_data(path: Path) -> bool:
+    from bertopt.artifact import onnx_external_data_files
+
+    return bool(onnx_external_data_files(Path(path)))
+
+
+def match_external_data(path: Path, like: Path) -> None:
+    """Re-save the model at ``path`` with external data when ``like`` (the stage's input) had it, so an artifact
+    keeps the layout of its parent (tools such as ONNX Runtime's quantiser write one file)."""
+    import onnx
+
+    if uses_external_data(like) and not uses_external_data(path):
+        save_onnx(onnx.load(str(path)), path, external=True)
+
+
+def copy_onnx(src: Path, dest: Path) -> None:
+    """Copy an ONNX file with its external data files."""
+    import shutil
+
+    from bertopt.artifact import onnx_external_data_files
+
+    src, dest = Path(src), Path(dest)
+    shutil.copy2(src, dest)
+    for name in onnx_external_data_files(src):
+        target = dest.parent / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src.parent / name, target)
 
 
 def op_counts(model) -> dict[str, int]:
@@ -78,8 +133,17 @@ def _dims(value_info) -> list:
 _DTYPES = {1: "float32", 6: "int32", 7: "int64", 10: "float16", 16: "bfloat16"}
 
 
-def describe_io(model) -> tuple[list[dict], list[dict], dict]:
-    """Input/output specs and what can be inferred about the architecture from an ONNX graph."""
+# output names other exporters use (Optimum, sentence-transformers' ONNX export, bertopt) -> kind when pooled
+_TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
+_POOLED_OUTPUTS = {"sentence_embedding": "embedding", "sparse_embedding": "sparse", "pooler_output": "pooler"}
+
+
+def describe_io(model, vocab_size: int | None = None) -> tuple[list[dict], list[dict], dict]:
+    """Input/output specs and the task, recognised from the graph's input/output names and shapes the way
+    bertopt, Optimum and sentence-transformers name them: inputs ``input_ids``, ``attention_mask``
+    [, ``token_type_ids``]; outputs ``last_hidden_state`` / ``token_embeddings`` (per token),
+    ``sentence_embedding`` (pooled), ``logits`` (batch x labels: classification, or one score: rerank;
+    batch x sequence x labels: token classification), ``sparse_embedding``."""
     inits = {i.name for i in model.graph.initializer}
     inputs = []
     for vi in model.graph.input:
@@ -87,28 +151,48 @@ def describe_io(model) -> tuple[list[dict], list[dict], dict]:
             continue
         role = _ROLE_BY_NAME.get(vi.name)
         if role is None:
-            raise UserError(f"ONNX input '{vi.name}' is not a BERT input (expected input_ids, attention_mask, "
-                            "token_type_ids); rename it when exporting")
-        dims = ["batch", "sequence"]
+            raise UserError(f"ONNX input '{vi.name}' is not an encoder input (expected input_ids, attention_mask, "
+                            "token_type_ids); re-export the model with those inputs")
         inputs.append({"name": vi.name, "role": role, "dtype": _DTYPES.get(vi.type.tensor_type.elem_type, "int64"),
-                       "shape": dims})
+                       "shape": ["batch", "sequence"]})
+    if not any(i["role"] == "input_ids" for i in inputs):
+        raise UserError("the ONNX model has no input_ids input; re-export it with input_ids and attention_mask")
     outputs = []
     hidden = None
+    task = "embedding"
     for vi in model.graph.output:
         dims = _dims(vi)
-        if len(dims) == 3:
-            spec = {"name": vi.name, "dtype": "float32", "shape": ["batch", "sequence", dims[2]], "kind": "token"}
+        last = dims[-1] if dims and isinstance(dims[-1], int) else "?"
+        if vi.name == "logits" or "logit" in vi.name:
+            if len(dims) == 3:
+                if vocab_size and last == vocab_size:
+                    raise UserError("the ONNX model outputs masked-LM logits (one per vocabulary entry and token); "
+                                    "export the Hugging Face folder with --task sparse-embedding for SPLADE")
+                task = "token-classification"
+                spec = {"name": vi.name, "shape": ["batch", "sequence", last], "kind": "token-logits"}
+            else:
+                task = "rerank" if last == 1 else "classification"
+                spec = {"name": vi.name, "shape": ["batch", last], "kind": "score" if last == 1 else "logits"}
+        elif len(dims) == 3 or vi.name in _TOKEN_OUTPUTS:
+            spec = {"name": vi.name, "shape": ["batch", "sequence", last], "kind": "token"}
+            hidden = hidden or (last if isinstance(last, int) else None)
         else:
-            spec = {"name": vi.name, "dtype": "float32", "shape": ["batch", dims[-1] if dims else "?"],
-                    "kind": "logits" if "logit" in vi.name else "embedding"}
-        if isinstance(dims[-1] if dims else None, int):
-            hidden = hidden or dims[-1]
+            kind = _POOLED_OUTPUTS.get(vi.name, "embedding")
+            if kind == "sparse":
+                task = "sparse-embedding"
+            spec = {"name": vi.name, "shape": ["batch", last], "kind": kind}
+        spec["dtype"] = "float32"
         outputs.append(spec)
+    # a pooler output is BERT's next-sentence head input, not a sentence embedding: serve the pooled output
+    # a sentence-transformers export names, else the per-token one
+    primary = next((o["name"] for o in outputs if o["kind"] in ("embedding", "sparse", "logits", "score",
+                                                                  "token-logits")), None)
+    primary = primary or next((o["name"] for o in outputs if o["kind"] == "token"), outputs[-1]["name"])
     positions = [i.dims[0] for i in model.graph.initializer
                  if "position_embeddings" in i.name and len(i.dims) == 2]
-    info = {"hidden_size": hidden, "task": "encoder",
+    info = {"hidden_size": hidden, "task": task,
             "max_position_embeddings": int(positions[0]) if positions else 512,
-            "primary_output": outputs[-1]["name"] if outputs else None}
+            "primary_output": primary}
     return inputs, outputs, info
 
 

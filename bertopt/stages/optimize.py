@@ -1,4 +1,9 @@
-"""optimize: ONNX Runtime's transformer fusions for BERT (Attention, LayerNorm, GELU, EmbedLayerNorm)."""
+"""optimize: ONNX Runtime's transformer fusions (Attention, LayerNorm, GELU, EmbedLayerNorm).
+
+The fusion model type comes from the artifact's family declaration (``bertopt.families``): BERT, DistilBERT,
+RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), DeBERTa-v2 (disentangled
+attention) and ModernBERT (rotary attention, GeGLU) get the LayerNorm and GELU fusions only, which the report
+says."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
@@ -31,21 +36,31 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     require("onnxruntime", "onnx", "the optimize stage")
     from onnxruntime.transformers.optimizer import optimize_model
 
+    from bertopt.families import family_by_name
+
     info = art.model_info
+    family = family_by_name(info.get("family"))
+    if family.fusion_model_type is None:
+        raise UserError(f"ONNX Runtime has no transformer fusions for {family.name} models; serve the exported "
+                        "artifact as is (or compile it for OpenVINO)")
     heads, hidden = info.get("num_attention_heads"), info.get("hidden_size")
     if not heads or not hidden:
         raise UserError(f"{art.path}: the manifest does not record num_attention_heads/hidden_size, which "
                         "attention fusion needs; re-export from the Hugging Face folder")
     before = graph_stats(load_onnx(art.model_path))
-    optimized = optimize_model(str(art.model_path), model_type="bert", num_heads=int(heads),
+    optimized = optimize_model(str(art.model_path), model_type=family.fusion_model_type, num_heads=int(heads),
                                hidden_size=int(hidden), opt_level=config["opt_level"], use_gpu=False,
                                only_onnxruntime=False)
     fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         save_onnx(optimized.model, w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=art.precision)
-        w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model)})
+        w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model),
+                         "fusion_model_type": family.fusion_model_type, "family": family.name})
+        if family.fusion_notes:
+            w.report["fusion_notes"] = family.fusion_notes
         stats = check_against(w, art, corpus()[:48])
         w.report["max_abs_diff_vs_parent"] = worst_abs_diff(stats)
         if worst_abs_diff(stats) > config["check_tolerance"]:

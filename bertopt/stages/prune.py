@@ -35,7 +35,7 @@ def prune_onnx_artifact(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.stages.common import check_against, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     model = load_onnx(art.model_path)
     keep = config["outputs"] or [o["name"] for o in art.outputs]
@@ -52,6 +52,7 @@ def prune_onnx_artifact(art, config, out_dir: Path, overwrite: bool):
         if w.model_info.get("primary_output") not in keep:
             w.model_info["primary_output"] = keep[-1]
         save_onnx(model, w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, outputs, precision=art.precision)
         w.report.update({"before": before, "after": after})
         stats = check_against(w, art, corpus()[:48], outputs=keep)

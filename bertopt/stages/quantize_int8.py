@@ -101,7 +101,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.runtime import Predictor
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "int8 quantisation")
     if config["accuracy_target"]:
@@ -136,6 +136,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
 
                 gptq_report = apply_gptq(model, w.dir / "model.onnx", hessians)
         q = load_onnx(w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         excluded = [n for n in config["exclude_nodes"] if n in candidates]
@@ -161,7 +162,7 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
     from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -207,6 +208,7 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
             (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
             chosen_gptq = gptq_reports.get(str(result["model"]))
         q = load_onnx(w.dir / "model.onnx")
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=config["mode"])
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({"before": before, "after": graph_stats(q),

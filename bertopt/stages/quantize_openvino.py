@@ -170,7 +170,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
     from bertopt.stages.compile import precision_label
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, save_onnx
+    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
     model = load_onnx(art.model_path)
@@ -217,6 +217,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
             compressed, gptq_rows, _ = compress_weights(model, op_types, user_excluded, hessians, cache)
             save_onnx(compressed, w.dir / "model.onnx")
             kept = []
+        match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         q = load_onnx(w.dir / "model.onnx")

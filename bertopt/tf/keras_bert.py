@@ -176,8 +176,8 @@ def export_hf_to_savedmodel(source, config, out_dir: Path, overwrite: bool):
     from bertopt.sources.hf import copy_tokenizer, read_model_info, resolve_pooling
 
     info = read_model_info(source.path)
-    if info["task"] == "classifier":
-        raise UserError(f"{source.path} is a sequence classifier; the TensorFlow path exports encoders "
+    if info["task"] != "embedding":
+        raise UserError(f"{source.path} is a {info['task']} model; the TensorFlow path exports encoders "
                         "(BertModel / sentence-transformers), export it to ONNX instead")
     if info.get("model_type") not in ("bert", None):
         raise UserError(f"{source.path} is a '{info['model_type']}' model; bertopt's Keras BERT covers BERT "

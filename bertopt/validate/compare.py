@@ -74,7 +74,7 @@ def compare_output(name: str, kind: str, got, ref, atol: float = 1e-3, rtol: flo
                       "cos_min": float(cos.min())})
     if kind == "embedding" and not isinstance(got, list):
         stats["neighbour_agreement_at_10"] = neighbour_agreement(g, r, 10)
-    if kind == "logits" and g.ndim == 2:
+    if kind in ("logits", "token-logits") and g.ndim == 2:
         stats["top1_agreement"] = float(np.mean(g.argmax(1) == r.argmax(1)))
     return stats
 

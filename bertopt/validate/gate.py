@@ -26,6 +26,9 @@ LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "lat
                    "latency_p99_ms")
 SPARK_METRICS = ("spark_max_abs_diff",)
 BATCH_METRICS = ("batch_dev",)
+# each task's own fidelity metrics (bertopt.validate.task_metrics), measured on the task's output
+FIDELITY_METRICS = ("max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10", "spearman",
+                    "term_overlap_at_10")
 SPARK_TOLERANCE = 1e-5
 
 
@@ -49,8 +52,10 @@ def _ints(values, flag: str) -> list[int]:
 
 
 def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
-                         grid: set[str]) -> None:
+                         grid: set[str], task: str | None = None) -> None:
     """Every target must name something this run measures; say what to change when it does not."""
+    from bertopt.validate.task_metrics import TASK_METRICS as FIDELITY_TASK
+
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     qkey = _quantile_key(config["error_quantile"])
     for t in targets:
@@ -69,7 +74,7 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
             if base == "neighbour_agreement_at_10" and kinds[output] != "embedding":
                 raise UserError(f"target '{t.metric}': neighbour agreement is measured for sentence embeddings; "
                                 f"output '{output}' is {kinds[output]}-level")
-            if base == "top1_agreement" and kinds[output] != "logits":
+            if base == "top1_agreement" and kinds[output] not in ("logits", "token-logits"):
                 raise UserError(f"target '{t.metric}': top-1 agreement is measured for classifier logits; output "
                                 f"'{output}' is {kinds[output]}-level")
             continue
@@ -89,6 +94,11 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
             if not config["spark"]:
                 raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
             continue
+        if base in FIDELITY_METRICS:
+            if task is not None and FIDELITY_TASK[base] != task:
+                raise UserError(f"target '{t.metric}': {base} is measured for {FIDELITY_TASK[base]} models; this "
+                                f"artifact is a {task} model")
+            continue
         if base in BATCH_METRICS:
             if not config["batch_check"]:
                 raise UserError(f"target '{t.metric}' needs the batch-invariance check; drop --no-batch-check")
@@ -97,8 +107,8 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
 
 
 def known_metrics(quantile_key: str = "abs_err_p99") -> tuple[str, ...]:
-    return (PER_OUTPUT_METRICS + (quantile_key,) + TASK_METRICS + LATENCY_METRICS + SPARK_METRICS
-            + BATCH_METRICS)
+    return (PER_OUTPUT_METRICS + (quantile_key,) + FIDELITY_METRICS + TASK_METRICS + LATENCY_METRICS
+            + SPARK_METRICS + BATCH_METRICS)
 
 
 def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:
@@ -200,6 +210,7 @@ class GatePlan:
     kinds: dict[str, str]
     data: Any
     labels: np.ndarray | None
+    task: str = "embedding"  # bertopt.runtime.tasks: the task metric is measured on its output (the primary)
 
 
 def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
@@ -218,9 +229,16 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     report_dir = Path(report_dir).absolute()
     _prepare_report_dir(report_dir)
     check_writable(report_dir, "--report-dir")
+    from bertopt.runtime.tasks import check_pairs, task_of, task_output
+    from bertopt.validate.data import Dataset
+    from bertopt.validate.task_metrics import rerank_pairs
+
     outputs = artifact.outputs
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
+    model_task = task_of(artifact)
     primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
+    if model_task != "embedding":
+        primary = task_output(artifact, model_task)
     if primary not in kinds:
         raise UserError(f"{artifact.path}: primary output '{primary}' is not among the outputs "
                         f"({', '.join(kinds)}); re-create the artifact")
@@ -229,9 +247,13 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     batch_sizes = _ints(config["batch_sizes"], "--batch-sizes")
     seq_lens = _ints(config["seq_lens"], "--seq-lens")
     grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
-    check_target_metrics(targets, outputs, primary, config, grid)
+    check_target_metrics(targets, outputs, primary, config, grid, model_task)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])
     data = data.head(config["max_texts"])
+    if model_task == "rerank" and data.pairs is None:  # plain texts: the first ones rank the next ones
+        queries, passages = rerank_pairs(data.texts)
+        data = Dataset(queries, passages, None, f"{data.source} (query x passage pairs)")
+    check_pairs(artifact, model_task, data.pairs)
     labels = None
     if config["label_column"]:
         logits = [o for o in outputs if o.get("kind") == "logits"]
@@ -241,7 +263,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
         num_classes = int(logits[0]["shape"][-1])
         labels = _label_indices(data.labels, artifact.model_info, num_classes, data.source)
     return GatePlan(artifact, config, report_dir, targets, targets_are_defaults, batch_sizes, seq_lens, outputs,
-                    primary, kinds, data, labels)
+                    primary, kinds, data, labels, model_task)
 
 
 def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
@@ -254,6 +276,11 @@ def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     want = ref.run(data.texts, data.pairs, outputs=names)
     accuracy = compare_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
                             quantile=config["error_quantile"])
+    if plan.primary in accuracy and "error" not in accuracy[plan.primary]:
+        from bertopt.validate.task_metrics import task_fidelity
+
+        accuracy[plan.primary].update(task_fidelity(plan.task, art, data.texts, data.pairs, got[plan.primary],
+                                                    want[plan.primary]))
     distributions = {}
     for name in names:
         g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
@@ -397,6 +424,7 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                       "model": str(getattr(ref.artifact, "path", ""))},
         "data": plan.data.describe(),
         "primary_output": plan.primary,
+        "model_task": plan.task,
         "accuracy": accuracy,
         "task": task,
         "latency": latency,

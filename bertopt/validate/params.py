@@ -29,9 +29,11 @@ VALIDATE_PARAMS = [
     Param("reference", str, None, "Model or artifact to compare with (default: the source in the lineage)."),
     Param("targets", str, None, "Gate thresholds, e.g. 'cos_min=0.99,neighbour_agreement_at_10=0.9,speedup=1.2'. "
           "Metrics: cos_mean/cos_p01/cos_min, max_abs, mean_abs, abs_err_p99, pass_fraction, nan_or_inf, "
-          "neighbour_agreement_at_10, top1_agreement, batch_dev (name an output as 'last_hidden_state.max_abs'; "
-          "default: the primary output); with labels accuracy, f1 and accuracy_degradation/f1_degradation "
-          "(reference minus artifact); latency: speedup (geometric mean over the grid), speedup_min, latency_ratio, "
+          "neighbour_agreement_at_10, top1_agreement, batch_dev; per task: max_prob_diff (classification), "
+          "token_label_agreement and entity_f1 (token-classification), ndcg_at_10 and spearman (rerank), "
+          "term_overlap_at_10 (sparse-embedding) (name an output as 'last_hidden_state.max_abs'; default: the "
+          "task's output); with labels accuracy, f1 and accuracy_degradation/f1_degradation (reference minus "
+          "artifact); latency: speedup (geometric mean over the grid), speedup_min, latency_ratio, "
           "latency_p50_ms/p90/p99 and throughput (worst grid point), or one point as 'speedup@32x128'. Without "
           "targets: defaults for the primary output's kind (embeddings: cos_min>=0.99, "
           "neighbour_agreement_at_10>=0.9; logits: top1_agreement>=0.99, cos_min>=0.99).",

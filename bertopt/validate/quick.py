@@ -29,8 +29,20 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     texts = texts if texts is not None else corpus()
     art = Predictor(artifact, threads=threads, verify=False)
     ref = reference_predictor(artifact, reference, threads=threads)
+    from bertopt.runtime.tasks import task_of, task_output
+    from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
+
     names = [n for n in art.output_names if n in ref.output_names]
-    accuracy = compare_runs(art.run(texts, outputs=names), ref.run(texts, outputs=names), artifact.output_kinds)
+    kinds = artifact.output_kinds
+    task = task_of(artifact)
+    inputs, pairs = texts, None
+    if task == "rerank":  # a cross-encoder scores pairs: the first texts rank the next ones
+        inputs, pairs = rerank_pairs(texts)
+    got, want = art.run(inputs, pairs, outputs=names), ref.run(inputs, pairs, outputs=names)
+    accuracy = compare_runs(got, want, kinds)
+    out = task_output(artifact, task)
+    if out in accuracy and "error" not in accuracy[out]:
+        accuracy[out].update(task_fidelity(task, art, inputs, pairs, got[out], want[out]))
     # alternate the two so a noisy neighbour hurts both alike
     tp_art, tp_ref = [], []
     for _ in range(2):
@@ -39,6 +51,7 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     result = {
         "data": "builtin corpus",
         "texts": len(texts),
+        "task": task,
         "reference": ref.describe() | {"framework": ref.session.backend},
         "artifact": art.describe(),
         "accuracy": accuracy,

@@ -82,6 +82,14 @@ def _jsonable(value):
     return value
 
 
+def _bins(values: np.ndarray, wanted: int) -> int:
+    """``wanted`` bins, or one when the values span less than float resolution (an artifact compared with
+    itself: cosines 1 +- 1e-16), where numpy cannot cut finite-sized bins."""
+    if not values.size:
+        return wanted
+    return wanted if float(np.ptp(values)) > 1e-9 * max(1.0, float(np.max(np.abs(values)))) else 1
+
+
 def _histograms(distributions) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, dist in distributions.items():
@@ -91,7 +99,7 @@ def _histograms(distributions) -> dict[str, Any]:
             values = values[np.isfinite(values)]
             if not values.size:
                 continue
-            counts, edges = np.histogram(values, bins=30)
+            counts, edges = np.histogram(values, bins=_bins(values, 30))
             out[name][key] = {"counts": counts.tolist(), "edges": edges.tolist(), "n": int(values.size)}
     return out
 
@@ -140,13 +148,15 @@ def _plots(result, distributions, folder: Path) -> dict[str, str]:
             err = err[np.isfinite(err)]
             ax = axes[row][0]
             if err.size:
-                ax.hist(np.log10(np.maximum(err, 1e-12)), bins=50, color="tab:blue")
+                logs = np.log10(np.maximum(err, 1e-12))
+                ax.hist(logs, bins=_bins(logs, 50), color="tab:blue")
             ax.set_title(f"{name}: log10 |artifact - reference|")
             ax.set_ylabel("count")
             ax = axes[row][1]
             if "cosine" in dist:
                 cos = np.asarray(dist["cosine"])
-                ax.hist(1.0 - cos[np.isfinite(cos)], bins=50, color="tab:orange")
+                gaps = 1.0 - cos[np.isfinite(cos)]
+                ax.hist(gaps, bins=_bins(gaps, 50), color="tab:orange")
                 ax.set_title(f"{name}: 1 - cosine per input")
             else:
                 ax.set_axis_off()

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from bertopt.errors import UserError
 
-HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1")
+HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1", "ndcg", "spearman",
+                    "overlap")
 LOWER_IS_BETTER = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency", "p50", "p90", "p99", "degradation",
-                   "batch_dev")
+                   "batch_dev", "prob_diff")
 
 
 @dataclass(frozen=True)

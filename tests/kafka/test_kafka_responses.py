@@ -1,4 +1,4 @@
-"""Response bodies from the real runtime: embeddings for encoders, logits + label for classifiers."""
+"""Response bodies from the real runtime: embeddings for encoders, the task result (+ label) for classifiers."""
 
 from __future__ import annotations
 
@@ -23,18 +23,23 @@ def tiny_classifier(tmp_path_factory):
     return run_stage("export", hf, {}, tmp_path_factory.mktemp("tiny-cls") / "onnx")
 
 
-def test_kafka_classifier_responses_carry_logits_and_label(tiny_classifier):
+def test_kafka_classifier_responses_carry_the_task_result(tiny_classifier):
+    from bertopt.runtime import Predictor
+
     backend = LocalBackend(tiny_classifier.path, threads=1)
     fmt = ResponseFormat(backend.model_info, backend.digest)
     texts = ["the cat sat on the mat", "a bad model", "hello world !"]
-    logits = backend.encode(texts)
-    assert logits.shape == (3, 3)
+    results = backend.predict(texts)
+    want = Predictor(tiny_classifier).predict(texts)
+    assert results == want
     labels = {int(k): v for k, v in tiny_classifier.model_info["id2label"].items()}
-    one = fmt.ok("a", logits[:1], single=True)
-    assert one["logits"] == logits[0].tolist()
+    logits = Predictor(tiny_classifier).encode(texts)
+    one = fmt.ok("a", results[:1], single=True)
+    assert one["task"] == "classification" and one["result"] == want[0]
     assert one["label"] == labels[int(np.argmax(logits[0]))]
-    many = fmt.ok("b", logits, single=False)
+    many = fmt.ok("b", results, single=False)
     assert many["labels"] == [labels[int(i)] for i in np.argmax(logits, axis=1)]
+    assert many["results"] == want
     assert many["artifact"] == tiny_classifier.digest and "embedding" not in many
 
 

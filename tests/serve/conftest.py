@@ -18,16 +18,23 @@ from bertopt.testing import alive, descendants, free_port  # noqa: E402,F401
 
 
 class ServerProcess:
-    def __init__(self, artifact, tmp: Path, *args: str, num_worker: int = 2, ready_timeout: float = 120.0):
+    def __init__(self, artifact, tmp: Path, *args: str, num_worker: int = 2, ready_timeout: float = 120.0,
+                 http: bool = False, new_session: bool = False):
         self.port, self.port_out = free_port(), free_port()
         while self.port_out == self.port:
             self.port_out = free_port()
+        self.http_port = None
+        if http:
+            self.http_port = free_port()
+            while self.http_port in (self.port, self.port_out):
+                self.http_port = free_port()
+            args = ("--http-port", str(self.http_port), *args)
         self.out_path, self.err_path = tmp / "serve.out", tmp / "serve.err"
         cmd = [sys.executable, "-m", "bertopt.cli", "serve", str(artifact), "--port", str(self.port),
                "--port-out", str(self.port_out), "--num-worker", str(num_worker), *args]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(cmd, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
-                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env, start_new_session=new_session)
         self.children: set[int] = set()
         deadline = time.monotonic() + ready_timeout
         while "ready on" not in self.out_path.read_text():
@@ -39,6 +46,10 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.out_path.read_text() + self.err_path.read_text()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     def client(self, **kw):
         from bertopt.client import Client
@@ -99,3 +110,14 @@ def tiny_predictor(tiny_onnx):
     from bertopt.runtime import Predictor
 
     return Predictor(tiny_onnx, threads=1)
+
+
+@pytest.fixture(scope="session")
+def http_server(tiny_onnx, tmp_path_factory):
+    """ZeroMQ and HTTP on one fleet of 2 workers (tiny BERT), with an API key and a 100 kB body limit."""
+    server = ServerProcess(tiny_onnx.path, tmp_path_factory.mktemp("http-server"), "--api-key", "test-secret-key",
+                           "--max-request-bytes", "100000", http=True)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from bertopt.protocol import LANE_BULK, ProtocolError, parse_request
+from bertopt.protocol import HTTP_IDENTITY, ProtocolError, parse_request
+from bertopt.serve.batching import KIND_PAIR, FairQueue, Piece, cut_request, pack
 from bertopt.serve.sink import Assembler
-from bertopt.serve.ventilator import FairQueue, MiniJob
 
 
-def job(client: bytes, index: int) -> MiniJob:
-    return MiniJob(index, client, b"1", index, 99, 99, 0, b"[]", LANE_BULK)
+def job(client: bytes, index: int, tokens: int = 10, size: int = 1) -> Piece:
+    return Piece(client, b"1", index, 99, 99, 0, ["x"] * size, tokens)
 
 
 def test_fair_queue_round_robins_clients_and_requeues_first():
@@ -49,3 +49,32 @@ def test_parse_request_accepts_tokenized_and_rejects_bad_payloads():
     assert exc.value.identity is None
     with pytest.raises(ProtocolError, match="exceeds"):
         parse_request([b"id", b'["' + b"a" * 2000 + b'"]', b"1", b"1"], 1000)
+
+
+def test_cut_request_bounds_tokens_and_texts_per_piece_in_order():
+    lengths = [10, 500, 10, 10, 10, 300, 300, 5]
+    pieces = cut_request(b"c", b"1", list(range(8)), lengths, max_tokens=512, max_texts=3)
+    assert [p.items for p in pieces] == [[0, 1], [2, 3, 4], [5], [6, 7]]
+    assert [p.tokens for p in pieces] == [510, 30, 300, 305]
+    assert [p.offset for p in pieces] == [0, 2, 5, 6]
+    assert {(p.n_pieces, p.n_texts) for p in pieces} == {(4, 8)}
+    # a text longer than the budget is a piece of its own, never dropped
+    assert [p.items for p in cut_request(b"c", b"1", ["a", "b"], [900, 900], 512, 10)] == [["a"], ["b"]]
+
+
+def test_pack_fills_the_budget_across_clients_and_keeps_kinds_apart():
+    q = FairQueue()
+    for i in range(4):
+        q.push(job(f"client{i}".encode(), 0, tokens=100))
+    q.push(Piece(b"pairs", b"1", 0, 1, 1, 0, [["q", "p"]], 50, KIND_PAIR))
+    batch = pack(q, max_tokens=250, max_texts=100)
+    assert [p.identity for p in batch] == [b"client0", b"client1"]
+    batch = pack(q, max_tokens=1000, max_texts=100, skip=lambda p: p.identity == b"client3")
+    assert [p.identity for p in batch] == [b"client2"]  # client3 skipped (failed), pairs are another kind
+    assert [p.identity for p in pack(q, 1000, 100)] == [b"pairs"] and not q and q.tokens == 0
+
+
+def test_zmq_clients_cannot_use_the_http_identity():
+    with pytest.raises(ProtocolError, match="reserved") as exc:
+        parse_request([HTTP_IDENTITY, b'["x"]', b"1", b"1"], 1000)
+    assert exc.value.identity is None  # dropped, not answered into the HTTP front end

@@ -57,7 +57,7 @@ def test_csv_with_text_col_partitions_and_classifier(spark, tiny_classifier, tmp
     assert code == 0, stderr
     assert "4 rows" in stdout and "3 partitions" in stdout
     got = _read(out)
-    assert list(got) == ["id", "body", "stars", "p_logits", "p_label"]
+    assert list(got) == ["id", "body", "stars", "p_logits", "p_label", "p_confidence"]
     rows = {r: (b, lg, lb) for r, b, lg, lb in zip(got["id"], got["body"], got["p_logits"], got["p_label"])}
     assert rows["4"][0] == "good\nmodel" and rows["1"][0] == "the cat, the dog"
     assert rows["3"][1] is None and rows["3"][2] is None

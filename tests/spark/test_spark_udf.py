@@ -57,14 +57,16 @@ def test_classifier_logits_and_label(spark, tiny_classifier):
     expected = [names[str(int(np.argmax(row)))] for row in logits_ref]
     assert [labels[i] for i in range(len(TEXTS))] == expected
     assert labels[len(TEXTS)] is None
-    # mapInPandas: every input column kept, logits and label appended
+    # mapInPandas: every input column kept, logits, label and confidence appended
     out = predict_dataframe(df.withColumn("extra", df.idx * 10), tiny_classifier)
-    assert out.columns == ["idx", "text", "extra", "logits", "label"]
+    assert out.columns == ["idx", "text", "extra", "logits", "label", "confidence"]
     rows = {r["idx"]: r for r in out.collect()}
     for i in range(len(TEXTS)):
         assert rows[i]["extra"] == i * 10 and rows[i]["text"] == TEXTS[i]
         np.testing.assert_allclose(rows[i]["logits"], logits_ref[i], atol=1e-5, rtol=0)
         assert rows[i]["label"] == expected[i]
+        softmax = np.exp(logits_ref[i]) / np.exp(logits_ref[i]).sum()
+        assert rows[i]["confidence"] == pytest.approx(float(softmax.max()), abs=1e-5)
     assert rows[len(TEXTS)]["logits"] is None and rows[len(TEXTS)]["label"] is None
 
 
@@ -143,7 +145,7 @@ def test_bad_udf_arguments_fail_on_the_driver(spark, tiny_onnx, tiny_classifier)
         predict_udf(tiny_onnx.path, output="last_hidden_state", spark=spark)
     with pytest.raises(UserError, match="output 'label' needs a classifier"):
         predict_udf(tiny_onnx.path, output="label", spark=spark)
-    with pytest.raises(UserError, match="unknown output 'nope'; this artifact has: logits, label"):
+    with pytest.raises(UserError, match="unknown output 'nope'; this artifact has: logits, label, confidence"):
         predict_udf(tiny_classifier.path, output="nope", spark=spark)
     df = _frame(spark, TEXTS)
     with pytest.raises(UserError, match="input has no column 'body'; its columns are: idx, text"):

@@ -1,0 +1,288 @@
+"""Every family x stage (x task head): fidelity to the family's own PyTorch model and throughput as a ratio to
+that model in PyTorch bf16 autocast, on the built-in mixed-length text, in one run. Writes JSON under
+benchmarks/results/ and generates docs/models.md's table.
+
+Models: a random model of each family with its own tokenizer kind (trained on bertopt's built-in text) at
+``--hidden`` x ``--layers`` (default 256 x 4 with a 4x feed-forward: big enough that speed means something,
+small enough that the run stays within minutes on a shared 2-core machine; 384 x 6 is MiniLM's shape), plus the bundled
+all-MiniLM-L6-v2 as the yardstick ("every family within 10% of MiniLM's ratio"). Heads (classification, token
+classification, rerank, SPLADE) run on one family each with the task's own measure: top-1 agreement, entity F1
+(BIO spans from per-token argmax), NDCG@10 of the reranked order, cosine / top-10 term overlap.
+
+Artifacts are reused from ``--out`` when present (``--rebuild`` to start over). Timing is interleaved (every
+contender once per round, medians), so a noisy neighbour slows every contender alike.
+
+    python benchmarks/models.py                       # all families, heads, MiniLM
+    python benchmarks/models.py --families bert,roberta --no-heads --no-minilm
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT, output_path, progress_printer  # noqa: E402
+
+STAGES = ("pytorch-fp32", "onnx-fp32", "optimize", "int8", "fp16", "int8-openvino", "openvino-bf16")
+HEADS = (("classification", "roberta"), ("token-classification", "bert"), ("rerank", "mpnet"),
+         ("sparse-embedding", "distilbert"))
+DOCS = ROOT / "docs" / "models.md"
+
+
+def build_stages(hf: Path, out: Path, rebuild: bool, say) -> dict[str, Any]:
+    """export -> optimize -> int8 / fp16 (ONNX Runtime), and from the export: OpenVINO int8 and OpenVINO bf16."""
+    from bertopt.artifact import Artifact, is_artifact
+    from bertopt.registry import run_stage
+
+    plan = [("onnx-fp32", "export", None, {}), ("optimize", "optimize", "onnx-fp32", {}),
+            ("int8", "quantize", "optimize", {"mode": "int8-dynamic"}),
+            ("fp16", "quantize", "optimize", {"mode": "fp16"}),
+            ("int8-openvino", "quantize", "onnx-fp32", {"mode": "int8-dynamic", "runtime": "openvino"}),
+            ("openvino-bf16", "compile", "onnx-fp32", {"runtime": "openvino", "inference_precision": "bf16"})]
+    arts: dict[str, Any] = {}
+    for name, stage, parent, cfg in plan:
+        folder = out / name
+        if is_artifact(folder) and not rebuild:
+            arts[name] = Artifact.load(folder)
+            continue
+        say(f"{out.name}: {stage} -> {name}")
+        arts[name] = run_stage(stage, hf if parent is None else arts[parent], cfg, folder, overwrite=True)
+    return arts
+
+
+def bio_entities(tags: list[str]) -> set[tuple[int, int, str]]:
+    spans, start, kind = set(), None, None
+    for i, tag in enumerate(tags + ["O"]):
+        if start is not None and not (tag.startswith("I-") and tag[2:] == kind):
+            spans.add((start, i, kind))
+            start = None
+        if tag.startswith("B-") or (tag.startswith("I-") and start is None):
+            start, kind = i, tag[2:]
+    return spans
+
+
+def entity_f1(got, ref, id2label) -> float:
+    tp = fp = fn = 0
+    for g, r in zip(got, ref):
+        eg = bio_entities([id2label[str(i)] for i in g.argmax(1)])
+        er = bio_entities([id2label[str(i)] for i in r.argmax(1)])
+        tp += len(eg & er)
+        fp += len(eg - er)
+        fn += len(er - eg)
+    return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def ndcg_at_10(got, ref, group: int = 16) -> float:
+    """Mean NDCG@10 of the artifact's order of each query's passages, gains = the original model's scores."""
+    import numpy as np
+
+    scores = []
+    for s in range(0, len(ref) - group + 1, group):
+        g, r = got[s:s + group, 0], ref[s:s + group, 0]
+        gains = 1 / (1 + np.exp(-r))
+        disc = 1 / np.log2(np.arange(2, 12))
+        dcg = float((gains[np.argsort(-g)[:10]] * disc).sum())
+        ideal = float((np.sort(gains)[::-1][:10] * disc).sum())
+        scores.append(dcg / ideal)
+    return float(np.mean(scores))
+
+
+def fidelity(task: str, got, ref, info) -> dict[str, float]:
+    import numpy as np
+
+    from bertopt.validate.compare import cosine_rows
+
+    if task == "embedding":
+        return {"cos_min": float(cosine_rows(got, ref).min())}
+    if task == "classification":
+        return {"top1": float(np.mean(got.argmax(1) == ref.argmax(1)))}
+    if task == "token-classification":
+        return {"entity_f1": entity_f1(got, ref, info["id2label"])}
+    if task == "rerank":
+        return {"ndcg@10": ndcg_at_10(got, ref)}
+    cos = cosine_rows(got, ref)
+    top = [len(set(np.argsort(-a)[:10]) & set(np.argsort(-b)[:10])) / 10 for a, b in zip(got, ref)]
+    return {"cos_min": float(cos.min()), "top10_overlap": float(np.mean(top))}
+
+
+def measure_model(label: str, task: str, hf: Path, arts: dict[str, Any], args, say) -> list[dict[str, Any]]:
+    from bertopt.data import corpus, mixed_text
+    from bertopt.runtime import Predictor
+    from bertopt.sources.hf import hf_reference
+
+    texts = [t for t in corpus() if t][: args.fidelity_texts]
+    pairs = texts[1:] + texts[:1] if task == "rerank" else None
+    workload = mixed_text()[: args.mixed_texts]
+    work_pairs = workload[1:] + workload[:1] if task == "rerank" else None
+    preds = {"pytorch-fp32": hf_reference(hf, threads=args.threads),
+             "pytorch-bf16": hf_reference(hf, threads=args.threads, bf16=True)}
+    for name, art in arts.items():
+        preds[name] = Predictor(art, provider="cpu", threads=args.threads)
+    primary = preds["pytorch-fp32"].primary_output
+    info = preds["pytorch-fp32"].artifact.model_info
+    ref = preds["pytorch-fp32"].run(texts, pairs)[primary]
+    rows = {}
+    for name, pred in preds.items():
+        got = ref if name == "pytorch-fp32" else pred.run(texts, pairs)[primary]
+        rows[name] = {"model": label, "task": task, "family": info["family"], "stage": name,
+                      **fidelity(task, got, ref, info)}
+    say(f"{label}: timing {len(preds)} contenders x {args.rounds} rounds on {len(workload)} mixed texts")
+    times: dict[str, list[float]] = {n: [] for n in preds}
+    for pred in preds.values():  # warm-up: first-run allocations and OpenVINO compilation out of the timings
+        pred.run(workload[:32], work_pairs[:32] if work_pairs else None, outputs=[primary])
+    for _ in range(args.rounds):
+        for name, pred in preds.items():
+            t0 = time.perf_counter()
+            pred.run(workload, work_pairs, outputs=[primary])
+            times[name].append(time.perf_counter() - t0)
+    base = len(workload) / statistics.median(times["pytorch-bf16"])
+    for name, row in rows.items():
+        row["texts_per_s"] = len(workload) / statistics.median(times[name])
+        row["ratio_to_pytorch_bf16"] = row["texts_per_s"] / base
+    return list(rows.values())
+
+
+def fmt_fidelity(row: dict[str, Any]) -> str:
+    keys = ("cos_min", "top1", "entity_f1", "ndcg@10", "top10_overlap")
+    return ", ".join(f"{k} {row[k]:.4f}" for k in keys if k in row)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | family | task | stage | fidelity vs PyTorch fp32 | texts/s | x PyTorch bf16 |",
+             "|---|---|---|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['family']} | {r['task']} | {r['stage']} | {fmt_fidelity(r)} | "
+                     f"{r['texts_per_s']:.0f} | {r['ratio_to_pytorch_bf16']:.2f} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Each family's best ratio against MiniLM's best (the issue's target: within 10%)."""
+    best: dict[str, tuple[float, str]] = {}
+    for r in rows:
+        if r["task"] == "embedding" and not r["stage"].startswith("pytorch"):
+            best[r["model"]] = max(best.get(r["model"], (0.0, "")), (r["ratio_to_pytorch_bf16"], r["stage"]))
+    if "minilm" not in best:
+        return ""
+    yard = best["minilm"][0]
+    lines = ["| model | best stage | x PyTorch bf16 | vs MiniLM's best |", "|---|---|---:|---:|"]
+    for model, (ratio, stage) in best.items():
+        lines.append(f"| {model} | {stage} | {ratio:.2f} | {ratio / yard:.0%} |")
+    return "\n".join(lines)
+
+
+def write_docs(rows, meta, json_path: Path) -> None:
+    has_minilm = any(r["model"] == "minilm" for r in rows)
+    yardstick = "next to the real all-MiniLM-L6-v2 (384 x 6)" if has_minilm else \
+        "(all-MiniLM-L6-v2 was left out of this run, --no-minilm)"
+    best = summary(rows) or "Not measured in this run: MiniLM was left out (--no-minilm)."
+    text = f"""# Models: families, tasks and stages
+
+Generated by `benchmarks/models.py` (do not edit by hand); raw results: `{json_path.relative_to(ROOT)}`.
+
+Each family is a random model with its own tokenizer kind (WordPiece, byte-level BPE, SentencePiece-Unigram
+trained on bertopt's built-in text) at hidden {meta['hidden']} x {meta['layers']} layers x {meta['heads']} heads
+{yardstick}; the task heads sit on models of the same width. Fidelity is measured against the family's own
+PyTorch fp32 model on {meta['fidelity_texts']} lines of the built-in corpus (cos min for embeddings; top-1
+agreement, entity F1, NDCG@10 and top-10 term overlap for the heads). Throughput: {meta['mixed_texts']} lines
+of the built-in mixed text, length-bucketed batches of 32, {meta['threads'] or 'all'} threads, median of
+{meta['rounds']} interleaved rounds, as a ratio to the same model in PyTorch bf16 autocast. Machine:
+{meta['machine']}; run took {meta['wall_s']:.0f} s. Random weights (initializer range 0.2) are harder on ONNX
+Runtime's per-tensor dynamic int8 than trained ones; the OpenVINO int8 path (per-token activation groups) is
+the faithful int8. On models this small PyTorch's bf16 autocast is slower than its fp32 (per-op overhead), so
+the ratios are large; compare stages and families within the table.
+
+## Best stage per model, against MiniLM
+
+{best}
+
+## Every family x stage x task
+
+{table(rows)}
+"""
+    DOCS.write_text(text)
+
+
+def main(argv=None) -> int:
+    import json
+    import os
+    import platform
+
+    from bertopt.testing import FAMILY_FIXTURES, build_tiny_family_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default=",".join(FAMILY_FIXTURES))
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-layers", type=int, default=2, help="Layers of the task-head models.")
+    parser.add_argument("--mixed-texts", type=int, default=96)
+    parser.add_argument("--fidelity-texts", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-heads", action="store_true")
+    parser.add_argument("--no-minilm", action="store_true")
+    parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "models-bench")
+    parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--docs-from", type=Path, default=None, help="Only regenerate docs/models.md from a JSON "
+                        "this script wrote.")
+    args = parser.parse_args(argv)
+    if args.docs_from:
+        data = json.loads(args.docs_from.read_text())
+        write_docs(data["rows"], data["meta"], args.docs_from.absolute())
+        print(f"wrote {DOCS}")
+        return 0
+    say = progress_printer()
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    models: list[tuple[str, str, Path]] = []
+    if not args.no_minilm:
+        from bertopt.sources import builtin_model_path
+
+        models.append(("minilm", "embedding", builtin_model_path("minilm")))
+    shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, positions=512, vocab_size=4000,
+                 intermediate=args.hidden * 4)
+    shaped = args.out / f"{args.hidden}x{args.layers}"
+    for family in args.families.split(","):
+        hf = shaped / family / "hf"
+        if args.rebuild or not (hf / "config.json").exists():
+            say(f"building a random {family} ({args.hidden} x {args.layers})")
+            build_tiny_family_model(hf, family, **shape)
+        models.append((family, "embedding", hf))
+    if not args.no_heads:
+        for task, family in HEADS:
+            hf = shaped / f"{task}-{family}" / "hf"
+            if args.rebuild or not (hf / "config.json").exists():
+                build_tiny_family_model(hf, family, task, **{**shape, "layers": args.head_layers})
+            models.append((f"{family} {task}", task, hf))
+    for label, task, hf in models:
+        arts = build_stages(hf, hf.parent if label != "minilm" else args.out / "minilm", args.rebuild, say)
+        say(f"{label}: built ({time.perf_counter() - t0:.0f} s)")
+        rows.extend(measure_model(label, task, hf, arts, args, say))
+    wall = time.perf_counter() - t0
+    meta = {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "mixed_texts": args.mixed_texts,
+            "fidelity_texts": args.fidelity_texts, "rounds": args.rounds, "threads": args.threads,
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", "wall_s": wall}
+    print(table(rows))
+    print()
+    print(summary(rows))
+    path = output_path(args, "models")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"\nwrote {path}")
+    if not args.no_docs:
+        write_docs(rows, meta, path)
+        print(f"wrote {DOCS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,522 @@
+"""HTTP routes of ``bertopt serve --http-port``: OpenAI's embeddings API and Hugging Face
+text-embeddings-inference's (TEI) routes, on Starlette.
+
+    POST /v1/embeddings   OpenAI: input (string | strings | token ids | lists of token ids), model,
+                          encoding_format (float | base64), dimensions (truncate + re-normalise)
+    GET  /v1/models       OpenAI: the one served model
+    POST /embed           TEI: inputs, normalize (default true), truncate (default false)
+    POST /predict         TEI: inputs (text | [text, text] pair | a list of them), raw_scores; on a token
+                          classifier: inputs (text | texts), aggregation_strategy -> entities per text
+    POST /rerank          TEI: query, texts, return_text, raw_scores, truncate
+    POST /embed_sparse    TEI: inputs, truncate -> [{"index", "value"}] per input (SPLADE models)
+    POST /tokenize        TEI: inputs, add_special_tokens
+    GET  /health          200 once the workers have loaded (503 before), /info, /metrics (Prometheus)
+
+Every route checks the artifact's task and answers 400 naming the route that fits when it does not. Errors
+use each API's schema (OpenAI ``{"error": {"message", "type", "param", "code"}}``, TEI ``{"error",
+"error_type"}``); a client never sees a stack trace (unexpected failures are logged and answered 500).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertopt.serve.batching import KIND_IDS, KIND_PAIR, KIND_TEXT
+from bertopt.serve.http_front import FleetError
+
+log = logging.getLogger("bertopt.serve.http")
+OPENAI, TEI = "openai", "tei"
+ROUTE_FOR_TASK = {"embedding": "/embed or /v1/embeddings", "classification": "/predict", "rerank": "/rerank",
+                  "token-classification": "/predict",
+                  "sparse-embedding": "/embed_sparse"}
+_TEI_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 413: "Validation",
+                    422: "Validation", 429: "Overloaded", 503: "Unhealthy", 504: "Backend"}
+
+
+class Problem(Exception):
+    """A request the server answers with an error status (never a stack trace)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None):
+    from starlette.responses import Response
+
+    return Response(json.dumps(obj, separators=(",", ":"), default=_plain), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def _plain(value: Any):
+    """numpy scalars (entity scores, offsets) as JSON numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def error_response(style: str, p: Problem):
+    if style == OPENAI:
+        kind = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error",
+                504: "timeout_error"}.get(p.status, "invalid_request_error")
+        body = {"error": {"message": p.message, "type": kind, "param": p.param, "code": p.code}}
+    else:
+        body = {"error": p.message, "error_type": _TEI_ERROR_TYPES.get(p.status, "Backend")}
+    return _json(body, p.status, p.headers)
+
+
+class RequestHandling:
+    """What every route shares, independent of the web framework: the API key, the task check, limits, JSON
+    body reading, token counting and the fleet call."""
+
+    def __init__(self, front):
+        from tokenizers import Tokenizer
+
+        self.front = front
+        self.cfg = front.cfg
+        self.facts = front.facts
+        self.task = self.facts["task"]
+        self.max_seq_len = int(self.facts["max_seq_len"])
+        self.model_id = Path(self.facts["artifact"]).name
+        self.created = int(time.time())
+        # counts tokens without truncating, so an over-long input is seen (and refused unless truncate)
+        self.tokenizer = Tokenizer.from_file(str(Path(self.facts["tokenizer"]) / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self._key = self.cfg.api_key.encode() if self.cfg.api_key else None
+        self.token_view = TokenView(self.facts) if self.task == "token-classification" else None
+
+    # -- checks -------------------------------------------------------------------------------------------
+    def check_key(self, headers) -> None:
+        if self._key is None:
+            return
+        given = headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
+        if not ok:
+            raise Problem(401, "missing or wrong API key; send the header 'Authorization: Bearer <key>' with "
+                          "the key the server was started with (--api-key)", code="invalid_api_key")
+
+    def check_task(self, wanted: str, route: str) -> None:
+        if self.task != wanted:
+            raise Problem(400, f"{route} needs a {wanted} model, but this server serves {_a(self.task)} model "
+                          f"({self.model_id}); use {ROUTE_FOR_TASK.get(self.task, 'another route')}",
+                          code="wrong_task")
+
+    def check_count(self, n: int, param: str, status: int | None = None) -> None:
+        """``status``: OpenAI's routes answer every invalid request 400; TEI's say 422 / 413."""
+        if n == 0:
+            raise Problem(status or 422, f"'{param}' is empty; send at least one input", param=param)
+        if n > self.cfg.max_client_batch_size:
+            raise Problem(status or 413, f"'{param}' has {n} inputs, more than this server's limit of "
+                          f"{self.cfg.max_client_batch_size} (--max-client-batch-size); split the request",
+                          param=param)
+
+    async def read_json(self, request) -> Any:
+        limit = self.cfg.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise Problem(400, f"Content-Length {declared[:20]!r} is not a number")
+            if int(declared) > limit:
+                raise Problem(413, f"request body of {declared} bytes exceeds this server's limit of {limit} "
+                              "(--max-request-bytes); split the request")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise Problem(413, f"request body exceeds this server's limit of {limit} bytes "
+                              "(--max-request-bytes); split the request")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Problem(400, f"request body is not valid JSON ({exc}); send a JSON object") from None
+
+    # -- token counting -----------------------------------------------------------------------------------
+    async def count_tokens(self, items: list, kind: bytes, truncate: bool, param: str, status: int) -> list[int]:
+        """Tokens per input (what the model will see, at most max_seq_len); over-long inputs are refused
+        unless ``truncate``."""
+        if kind == KIND_IDS:
+            lengths = [len(ids) for ids in items]
+        else:
+            encode = self.tokenizer.encode_batch
+            seqs = [tuple(p) for p in items] if kind == KIND_PAIR else items
+            # a big batch is tokenized off the event loop (the Rust tokenizer releases the GIL)
+            encodings = await asyncio.to_thread(encode, seqs) if len(seqs) > 32 else encode(seqs)
+            lengths = [len(e.ids) for e in encodings]
+        longest = max(lengths)
+        if longest > self.max_seq_len and not truncate:
+            i = lengths.index(longest)
+            raise Problem(status, f"input {i} has {longest} tokens, more than this model's limit of "
+                          f"{self.max_seq_len}; shorten it, or send \"truncate\": true to cut it to the limit",
+                          param=param, code="context_length_exceeded")
+        return [min(n, self.max_seq_len) for n in lengths]
+
+    async def run(self, kind: bytes, items: list, lengths: list[int]) -> np.ndarray:
+        try:
+            return await self.front.run(kind, items, lengths)
+        except asyncio.TimeoutError:
+            raise Problem(504, f"no answer within {self.cfg.request_timeout_s:g} s (--request-timeout); the "
+                          "server is overloaded or the request is too large, retry later or split it") from None
+        except FleetError as exc:
+            raise Problem(500, f"the model could not process this request: {exc}") from None
+
+    # -- input parsing ------------------------------------------------------------------------------------
+    def parse_inputs(self, value: Any, param: str, status: int, allow_ids: bool = True) -> tuple[bytes, list]:
+        """A string, a list of strings, a list of token ids, or a list of token-id lists -> (kind, items)."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise Problem(status, f"'{param}' must be a string or a list of strings, got "
+                          f"{type(value).__name__}", param=param)
+        openai_status = 400 if status == 400 else None
+        self.check_count(len(value), param, openai_status)
+        if all(isinstance(v, str) for v in value):
+            for i, v in enumerate(value):
+                if not v:
+                    raise Problem(status, f"'{param}[{i}]' is an empty string; send text", param=param)
+            return KIND_TEXT, value
+        if allow_ids and all(_is_int(v) for v in value):
+            value = [value]
+        if allow_ids and all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
+            self.check_count(len(value), param, openai_status)
+            for i, ids in enumerate(value):
+                bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+                if bad is not None:
+                    raise Problem(status, f"'{param}[{i}]' has token id {bad}, outside this model's vocabulary "
+                                  f"of {self.vocab_size}; send ids from /tokenize", param=param)
+            return KIND_IDS, value
+        bad = next(i for i, v in enumerate(value) if not isinstance(v, str))
+        raise Problem(status, f"'{param}[{bad}]' is a {type(value[bad]).__name__}; send strings"
+                      + (" (or lists of integer token ids)" if allow_ids else ""), param=param)
+
+    async def embeddings(self, kind: bytes, items: list, truncate: bool, param: str, status: int):
+        lengths = await self.count_tokens(items, kind, truncate, param, status)
+        if kind == KIND_IDS:
+            items = [ids[: self.max_seq_len] for ids in items]
+        return await self.run(kind, items, lengths), sum(lengths)
+
+class OpenAIRoutes(RequestHandling):
+    async def openai_embeddings(self, body: Any):
+        if not isinstance(body, dict):
+            raise Problem(400, "request body must be a JSON object with 'input' and 'model'")
+        self.check_task("embedding", "/v1/embeddings")
+        if "input" not in body:
+            raise Problem(400, "missing 'input'; send a string or a list of strings", param="input")
+        model = body.get("model", self.model_id)
+        if not isinstance(model, str):
+            raise Problem(400, f"'model' must be a string, got {type(model).__name__}", param="model")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise Problem(400, f"'encoding_format' must be 'float' or 'base64', got {fmt!r}",
+                          param="encoding_format")
+        dims = body.get("dimensions")
+        kind, items = self.parse_inputs(body["input"], "input", 400)
+        vectors, tokens = await self.embeddings(kind, items, False, "input", 400)
+        if dims is not None:
+            vectors = self.truncate_dims(vectors, dims)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _b64(v) if fmt == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    @staticmethod
+    def truncate_dims(vectors: np.ndarray, dims: Any) -> np.ndarray:
+        d = vectors.shape[1]
+        if not _is_int(dims) or not 1 <= dims <= d:
+            raise Problem(400, f"'dimensions' must be an integer from 1 to {d} (this model's size), got {dims!r}",
+                          param="dimensions")
+        return _l2(vectors[:, :dims])
+
+    def openai_models(self):
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
+                                            "owned_by": "bertopt"}]}
+
+class TeiRoutes(RequestHandling):
+    """Hugging Face text-embeddings-inference's routes, and /info."""
+
+    @staticmethod
+    def flag(body: dict, name: str, default: bool) -> bool:
+        value = body.get(name, default)
+        if not isinstance(value, bool):
+            raise Problem(422, f"'{name}' must be true or false, got {value!r}", param=name)
+        return value
+
+    async def tei_embed(self, body: Any):
+        if not isinstance(body, dict):
+            raise Problem(422, "request body must be a JSON object with 'inputs'")
+        self.check_task("embedding", "/embed")
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'; send a string or a list of strings", param="inputs")
+        normalize, truncate = self.flag(body, "normalize", True), self.flag(body, "truncate", False)
+        kind, items = self.parse_inputs(body["inputs"], "inputs", 422)
+        vectors, _ = await self.embeddings(kind, items, truncate, "inputs", 413)
+        return (_l2(vectors) if normalize else vectors).tolist()
+
+    def parse_predict_inputs(self, value: Any) -> tuple[bool, list]:
+        """TEI's shapes: a text, a [text, text] pair (one input), or a list of texts and pairs (a batch)."""
+        def one(v):
+            if isinstance(v, str) and v:
+                return v
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(t, str) and t for t in v):
+                return v
+            return None
+
+        if one(value) is not None:
+            return True, [one(value)]
+        if not isinstance(value, list):
+            raise Problem(422, f"'inputs' must be a text, a [text, text] pair or a list of them, got "
+                          f"{type(value).__name__}", param="inputs")
+        self.check_count(len(value), "inputs")
+        items = [one(v) for v in value]
+        if None in items:
+            i = items.index(None)
+            raise Problem(422, f"'inputs[{i}]' must be a non-empty text or a [text, text] pair", param="inputs")
+        return False, items
+
+    async def tei_predict(self, body: Any):
+        if not isinstance(body, dict):
+            raise Problem(422, "request body must be a JSON object with 'inputs'")
+        if self.task == "token-classification":
+            return await self.token_entities(body)
+        self.check_task("classification", "/predict")
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'", param="inputs")
+        raw, truncate = self.flag(body, "raw_scores", False), self.flag(body, "truncate", False)
+        single, items = self.parse_predict_inputs(body["inputs"])
+        kinds = {isinstance(v, list) for v in items}
+        if len(kinds) > 1:
+            raise Problem(422, "'inputs' mixes texts and pairs; send one kind per request", param="inputs")
+        kind = KIND_PAIR if kinds == {True} else KIND_TEXT
+        if kind == KIND_PAIR and self.facts["model_info"].get("pair_input") is False:
+            raise Problem(422, "this classification model takes a single text, but [text, text] pairs were given; "
+                          "send texts", param="inputs")
+        lengths = await self.count_tokens(items, kind, truncate, "inputs", 413)
+        logits = await self.run(kind, items, lengths)
+        from bertopt.runtime.tasks import class_probabilities, label_names
+
+        info = self.facts["model_info"]
+        scores = logits if raw else class_probabilities(logits, info)
+        names = label_names(info, logits.shape[1])
+        out = [sorted(({"label": n, "score": float(s)} for n, s in zip(names, row)), key=lambda d: -d["score"])
+               for row in scores]
+        return out[0] if single else out
+
+    async def token_entities(self, body: dict):
+        """/predict on a token-classification model: the entities of each text (transformers' pipeline
+        aggregation, ``aggregation_strategy`` none | simple | first | average | max, default simple)."""
+        from bertopt.runtime.tasks import AGGREGATIONS, token_entities
+
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'", param="inputs")
+        aggregation = body.get("aggregation_strategy", "simple")
+        if aggregation not in AGGREGATIONS:
+            raise Problem(422, f"'aggregation_strategy' must be one of {', '.join(AGGREGATIONS)}, got "
+                          f"{aggregation!r}", param="aggregation_strategy")
+        truncate = self.flag(body, "truncate", False)
+        single = isinstance(body["inputs"], str)
+        _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
+        lengths = await self.count_tokens(texts, KIND_TEXT, truncate, "inputs", 413)
+        rows = await self.run(KIND_TEXT, texts, lengths)
+        per_token = rows.reshape(len(texts), self.max_seq_len, -1)
+        logits = [per_token[i, :n] for i, n in enumerate(lengths)]
+        entities = token_entities(self.token_view, texts, logits, aggregation=aggregation)
+        return entities[0] if single else entities
+
+    async def tei_rerank(self, body: Any):
+        if not isinstance(body, dict):
+            raise Problem(422, "request body must be a JSON object with 'query' and 'texts'")
+        self.check_task("rerank", "/rerank")
+        query, texts = body.get("query"), body.get("texts")
+        if not isinstance(query, str) or not query:
+            raise Problem(422, "'query' must be a non-empty string", param="query")
+        if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
+            raise Problem(422, "'texts' must be a list of non-empty strings", param="texts")
+        self.check_count(len(texts), "texts")
+        raw, truncate = self.flag(body, "raw_scores", False), self.flag(body, "truncate", False)
+        return_text = self.flag(body, "return_text", False)
+        items = [[query, t] for t in texts]
+        lengths = await self.count_tokens(items, KIND_PAIR, truncate, "texts", 413)
+        logits = await self.run(KIND_PAIR, items, lengths)
+        from bertopt.runtime.tasks import rerank_scores
+
+        scores = logits[:, 0].astype(np.float64)
+        if not raw:
+            scores = rerank_scores(scores, self.facts["model_info"])
+        ranked = sorted(range(len(texts)), key=lambda i: -scores[i])
+        return [{"index": i, "score": float(scores[i]), **({"text": texts[i]} if return_text else {})}
+                for i in ranked]
+
+    async def tei_embed_sparse(self, body: Any):
+        from bertopt.runtime.tasks import sparse_vectors
+
+        if not isinstance(body, dict):
+            raise Problem(422, "request body must be a JSON object with 'inputs'")
+        self.check_task("sparse-embedding", "/embed_sparse")
+        if "inputs" not in body:
+            raise Problem(422, "missing 'inputs'; send a string or a list of strings", param="inputs")
+        truncate = self.flag(body, "truncate", False)
+        kind, items = self.parse_inputs(body["inputs"], "inputs", 422)
+        weights, _ = await self.embeddings(kind, items, truncate, "inputs", 413)
+        return [[{"index": i, "value": v} for i, v in zip(s["indices"], s["values"])]
+                for s in sparse_vectors(weights)]
+
+    def tei_tokenize(self, body: Any):
+        if not isinstance(body, dict) or "inputs" not in body:
+            raise Problem(422, "request body must be a JSON object with 'inputs'", param="inputs")
+        special = self.flag(body, "add_special_tokens", True)
+        _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
+        out = []
+        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=special):
+            out.append([{"id": i, "text": t, "special": bool(s), "start": a if not s else None,
+                         "stop": b if not s else None}
+                        for i, t, s, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
+        return out
+
+    def info(self) -> dict[str, Any]:
+        from bertopt.version import __version__
+
+        f, c = self.facts, self.cfg
+        worker = self.front.worker_info()
+        model_type = {"embedding": {"embedding": {"dim": f.get("embedding_dim")}},
+                      "classification": {"classifier": {"id2label": f.get("id2label")}},
+                      "rerank": {"reranker": {}}, "sparse-embedding": {"splade": {}}}.get(self.task, {self.task: {}})
+        return {"model_id": self.model_id, "model_sha": f["digest"], "model_dtype": f["precision"],
+                "model_type": model_type, "task": self.task, "artifact": f["artifact"], "digest": f["digest"],
+                "max_input_length": self.max_seq_len, "max_batch_tokens": c.max_batch_tokens,
+                "max_client_batch_size": c.max_client_batch_size,
+                "max_concurrent_requests": c.max_concurrent_requests, "num_worker": c.num_worker,
+                "runtime": {k: worker.get(k) for k in ("backend", "provider", "threads")},
+                "version": __version__, "ready": self.front.ready}
+
+
+class Api(OpenAIRoutes, TeiRoutes):
+    """Request handling for every route: validation, token counting, the fleet call, each API's answer."""
+
+
+class TokenView:
+    """What ``bertopt.runtime.tasks.token_entities`` reads from a Predictor (its truncating tokenizer and the
+    manifest's model section), without a model session: the front end only post-processes the fleet's logits."""
+
+    def __init__(self, facts: dict[str, Any]):
+        from types import SimpleNamespace
+
+        from bertopt.runtime.predictor import load_tokenizer
+
+        self.tokenizer = load_tokenizer(Path(facts["tokenizer"]), int(facts["max_seq_len"]))
+        self.artifact = SimpleNamespace(model_info=facts["model_info"])
+
+    def tokenize(self, texts, pairs=None):
+        return self.tokenizer.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
+
+
+# -- helpers (task post-processing lives in bertopt.runtime.tasks, shared with the Predictor) --------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _l2(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _b64(vector: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()
+
+
+# -- Starlette wiring ---------------------------------------------------------------------------------------
+def build_app(front):
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    api = Api(front)
+    metrics = front.metrics
+
+    def endpoint(route: str, style: str, handler, *, auth: bool = True, admit: bool = False, body: bool = True):
+        async def call(request):
+            started = time.perf_counter()
+            admitted = False
+            try:
+                if auth:
+                    api.check_key(request.headers)
+                if admit:
+                    if not front.ready or not front.workers_ready():
+                        raise Problem(503, "the server is loading its workers; retry shortly",
+                                      headers={"Retry-After": "1"})
+                    if front.in_flight >= front.cfg.max_concurrent_requests:
+                        raise Problem(429, f"the server is at its limit of {front.cfg.max_concurrent_requests} "
+                                      "concurrent requests (--max-concurrent-requests); retry after a second",
+                                      headers={"Retry-After": "1"})
+                    front.in_flight += 1
+                    metrics.in_flight.inc()
+                    admitted = True
+                result = await handler(await api.read_json(request)) if body else await handler()
+                response = result if isinstance(result, Response) else _json(result)
+            except Problem as p:
+                response = error_response(style, p)
+            except Exception:  # a bug: logged with its traceback here, never sent to the client
+                log.exception("HTTP %s failed", route)
+                response = error_response(style, Problem(500, "internal server error; see the server log"))
+            finally:
+                if admitted:
+                    front.in_flight -= 1
+                    metrics.in_flight.dec()
+            metrics.requests.labels(route, str(response.status_code)).inc()
+            metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+            return response
+
+        return call
+
+    def sync(fn):
+        async def wrapped(*args):
+            return fn(*args)
+        return wrapped
+
+    async def health():
+        ready = front.workers_ready()
+        if front.ready and ready:
+            return {"status": "ok", "workers_ready": ready}
+        return _json({"status": "loading" if not front.ready else "no worker ready", "workers_ready": ready}, 503)
+
+    async def prometheus():
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await front.on_startup()
+        yield
+        await front.on_shutdown()
+
+    routes = [
+        Route("/v1/embeddings", endpoint("/v1/embeddings", OPENAI, api.openai_embeddings, admit=True),
+              methods=["POST"]),
+        Route("/v1/models", endpoint("/v1/models", OPENAI, sync(api.openai_models), body=False), methods=["GET"]),
+        Route("/embed", endpoint("/embed", TEI, api.tei_embed, admit=True), methods=["POST"]),
+        Route("/predict", endpoint("/predict", TEI, api.tei_predict, admit=True), methods=["POST"]),
+        Route("/rerank", endpoint("/rerank", TEI, api.tei_rerank, admit=True), methods=["POST"]),
+        Route("/embed_sparse", endpoint("/embed_sparse", TEI, api.tei_embed_sparse, admit=True), methods=["POST"]),
+        Route("/tokenize", endpoint("/tokenize", TEI, sync(api.tei_tokenize)), methods=["POST"]),
+        Route("/health", endpoint("/health", TEI, health, auth=False, body=False), methods=["GET"]),
+        Route("/info", endpoint("/info", TEI, sync(api.info), body=False), methods=["GET"]),
+        Route("/metrics", endpoint("/metrics", TEI, prometheus, body=False), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
