@@ -58,7 +58,10 @@ class SparkBackend:
         require("pyspark", "spark", "bertopt kafka --backend spark")
         config = resolve_config(SPARK_BACKEND_PARAMS, {"master": master, "partitions": partitions},
                                 "bertopt kafka --backend spark")
+        from bertopt.spark.streaming import refuse_task_models
+
         art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+        refuse_task_models(art.model_info, "bertopt kafka --backend spark")
         self.digest = art.digest
         self.model_info = art.model_info
         self.batches = 0

@@ -39,6 +39,17 @@ EMPTY_TEXT_ERROR = ("empty or whitespace-only text has no prediction on Spark (t
                     "null for it); send non-empty text")
 
 
+def refuse_task_models(model_info: dict[str, Any], what: str) -> None:
+    """Only embedding models for now: a task model's responses come from ``Predictor.predict`` (labels, entities,
+    scores), which the Spark UDF does not return yet."""
+    from bertopt.runtime.tasks import normalize_task
+
+    task = normalize_task(model_info.get("task")) or "embedding"
+    if task != "embedding":
+        raise UserError(f"{what} answers with embedding models only; this artifact is a {task} model: run it with "
+                        "bertopt kafka --backend local or zmq")
+
+
 def kafka_package(spark) -> str:
     """The Maven coordinate of Spark's Kafka connector matching this session's Spark and Scala versions."""
     scala = "2.13"
@@ -135,6 +146,8 @@ class ResponseBuilder:
         if partitions is not None and partitions < 1:
             raise UserError(f"partitions must be at least 1, got {partitions}")
         self.spark = _active_session(spark)
+        art = _load_on_driver(artifact)
+        refuse_task_models(art.model_info, "kafka_stream_job")
         self.partitions = partitions or max(1, self.spark.sparkContext.defaultParallelism)
         self.art = _load_on_driver(artifact)
         self.max_texts = max_texts_per_request

@@ -85,22 +85,12 @@ def test_kafka_responses_on_a_kafka_shaped_dataframe_match_the_runtime_and_the_b
         assert set(body) == {"id", "error", "artifact"} and message in body["error"]
 
 
-def test_kafka_responses_for_a_classifier_carry_logits_and_labels(spark, tiny_classifier):
-    from bertopt.kafka.bridge import ResponseFormat
-    from bertopt.runtime import Predictor
+def test_kafka_responses_refuse_a_task_model_clearly(spark, tiny_classifier):
     from bertopt.spark.streaming import kafka_responses
 
-    texts = ["good movie", "bad film indeed", "fine"]
-    df = spark.createDataFrame(kafka_rows([request("one", text=texts[0]), request("two", texts=texts[1:])]),
-                               KAFKA_SOURCE_SCHEMA)
-    answered = by_id(kafka_responses(df, tiny_classifier.path).collect())
-    logits = Predictor(tiny_classifier.path, threads=1).encode(texts)
-    fmt = ResponseFormat(tiny_classifier.model_info, tiny_classifier.digest)
-    one, two = answered["one"][1], answered["two"][1]
-    np.testing.assert_allclose(one["logits"], logits[0], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(two["logits"], logits[1:], rtol=0, atol=1e-5)
-    assert one["label"] == fmt.label(logits[0])
-    assert two["labels"] == [fmt.label(v) for v in logits[1:]]
+    df = spark.createDataFrame(kafka_rows([request("one", text="good movie")]), KAFKA_SOURCE_SCHEMA)
+    with pytest.raises(UserError, match="answers with embedding models only; this artifact is a classification"):
+        kafka_responses(df, tiny_classifier.path)
 
 
 def test_response_stream_is_checkpointed_and_answers_each_request_once(spark, tiny_onnx, tmp_path):
