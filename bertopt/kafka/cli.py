@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from bertopt.errors import UserError
+from bertopt.kafka.spark_backend import SPARK_PARAM
 from bertopt.params import BATCH_SIZE, THREADS
 
 HELP = (
@@ -43,7 +44,9 @@ def register(app: typer.Typer) -> None:
                                         "running what arrived."),
         backend: str = typer.Option("local", "--backend", help="local: run the artifact in this process. zmq: "
                                     "send batches to a running 'bertopt serve' cluster (--server, --port, "
-                                    "--port-out), so the bridge scales out with its workers."),
+                                    "--port-out), so the bridge scales out with its workers. spark: run each batch "
+                                    "as a Spark job through the bertopt Spark UDF (--master, --partitions; "
+                                    "--threads are then per Spark task)."),
         threads: Optional[int] = THREADS.typer_option(),
         batch_size: int = BATCH_SIZE.typer_option(),
         server: str = typer.Option("127.0.0.1", "--server", help="zmq backend: address of 'bertopt serve'."),
@@ -56,6 +59,11 @@ def register(app: typer.Typer) -> None:
         max_texts_per_request: int = typer.Option(256, "--max-texts-per-request", help="A request with more "
                                                   "texts gets an error response (responses must fit in one Kafka "
                                                   "message)."),
+        master: Optional[str] = typer.Option(None, SPARK_PARAM["master"].cli_flag, show_default=False,
+                                             help=SPARK_PARAM["master"].help +
+                                             f" (default: {SPARK_PARAM['master'].default})"),
+        partitions: Optional[int] = typer.Option(None, SPARK_PARAM["partitions"].cli_flag, show_default=False,
+                                                 help=SPARK_PARAM["partitions"].help),
         kafka_option: Optional[List[str]] = typer.Option(None, "-X", "--kafka-config", help="librdkafka property "
                                                          "KEY=VALUE for consumer and producer, repeatable, e.g. "
                                                          "-X security.protocol=SASL_SSL; prefix consumer. or "
@@ -74,8 +82,10 @@ def register(app: typer.Typer) -> None:
         if not isinstance(level, int):
             raise UserError(f"--log-level {log_level!r} is not known; use debug, info, warning or error")
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        if backend not in ("local", "zmq"):
-            raise UserError(f"--backend {backend!r} is not known; use local or zmq")
+        if backend not in ("local", "zmq", "spark"):
+            raise UserError(f"--backend {backend!r} is not known; use local, zmq or spark")
+        if backend != "spark" and (master is not None or partitions is not None):
+            raise UserError("--master and --partitions belong to the spark backend; add --backend spark or drop them")
         cfg = BridgeConfig(bootstrap=bootstrap, request_topic=request_topic, response_topic=response_topic,
                            group_id=group_id, max_batch=max_batch, max_wait_ms=max_wait_ms,
                            max_texts_per_request=max_texts_per_request, stats_interval_s=stats_interval,
@@ -91,6 +101,11 @@ def register(app: typer.Typer) -> None:
             from bertopt.kafka.bridge import LocalBackend
 
             runner = LocalBackend(artifact, threads=threads, batch_size=batch_size)
+        elif backend == "spark":
+            from bertopt.kafka.spark_backend import SparkBackend
+
+            runner = SparkBackend(artifact, master=master, partitions=partitions, threads=threads,
+                                  batch_size=batch_size)
         else:
             from bertopt.errors import require
             from bertopt.kafka.bridge import ZmqBackend

@@ -5,7 +5,10 @@
 * ``predict_dataframe(df, artifact, ...)``: the ``mapInPandas`` variant keeping every input column;
 * ``ship_artifact(spark, artifact)``: send an artifact to the executors as an archive;
 * ``spark_check(artifact, texts, ...)``: the UDF's results against the in-process runtime's;
-* ``get_session(master)``: a SparkSession set up for inference.
+* ``get_session(master)``: a SparkSession set up for inference;
+* ``kafka_stream_job(spark, artifact, bootstrap, request_topic, response_topic, checkpoint)``: the Structured
+  Streaming job Kafka -> bertopt UDF -> Kafka (needs Spark's Kafka connector); ``kafka_responses(df, artifact)``
+  its per-batch transformation.
 
 Imports are lazy: ``import bertopt.spark`` does not import pyspark.
 """
@@ -25,6 +28,8 @@ _EXPORTS = {
     "get_session": "bertopt.spark.session",
     "worker_errors": "bertopt.spark.session",
     "choose_placement": "bertopt.spark.placement",
+    "kafka_stream_job": "bertopt.spark.streaming",
+    "kafka_responses": "bertopt.spark.streaming",
 }
 
 __all__ = sorted(_EXPORTS)
