@@ -31,7 +31,11 @@ from typing import Any
 import numpy as np
 
 from bertopt.serve.batching import KIND_IDS, KIND_PAIR, KIND_TEXT
-from bertopt.serve.http_front import FleetError
+
+
+class FleetError(Exception):
+    """The fleet answered a request with an error message (a worker failed on it, or it could not run)."""
+
 
 log = logging.getLogger("bertopt.serve.http")
 OPENAI, TEI = "openai", "tei"

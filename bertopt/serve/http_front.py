@@ -22,13 +22,10 @@ from typing import Any
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import decode_reply
+from bertopt.serve.http_api import FleetError
 from bertopt.serve.metrics import Metrics
 
 log = logging.getLogger("bertopt.serve.http")
-
-
-class FleetError(Exception):
-    """The fleet answered a request with an error message (a worker failed on it, or it could not run)."""
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -18,7 +18,7 @@ least once, as with the bridge.
 source's ``key`` / ``value`` columns (a static one in tests, or read with ``spark.read.format("kafka")``) becomes
 a ``key`` / ``value`` DataFrame ready for the Kafka sink.
 
-The request/response contract lives in ``bertopt.kafka.bridge`` (a leaf module: neither Spark nor the runtime is
+The request/response contract lives in ``bertopt.messages`` (a leaf module: neither Spark nor the runtime is
 imported there); it is imported inside the functions below.
 """
 
@@ -83,7 +83,7 @@ class _ParseRequests:
     def __call__(self, batches: Iterator) -> Iterator:
         import pandas as pd
 
-        from bertopt.kafka.bridge import _NO_ID, parse_request
+        from bertopt.messages import _NO_ID, parse_request
         from bertopt.spark.udf import is_text
 
         for pdf in batches:
@@ -111,7 +111,7 @@ class _FormatResponses:
     def __call__(self, batches: Iterator) -> Iterator:
         import pandas as pd
 
-        from bertopt.kafka.bridge import ResponseFormat
+        from bertopt.messages import ResponseFormat
 
         fmt = ResponseFormat(self.model_info, self.digest)
         for pdf in batches:

@@ -18,17 +18,16 @@ from typing import Any, Callable
 import numpy as np
 
 from bertopt.errors import GateFailed, UserError
+from bertopt.validate.targets import (
+    BATCH_METRICS,
+    FIDELITY_METRICS,
+    LATENCY_METRICS,
+    PER_OUTPUT_METRICS,
+    SPARK_METRICS,
+    TASK_METRICS,
+    known_metrics,
+)
 
-PER_OUTPUT_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
-                      "neighbour_agreement_at_10", "top1_agreement")
-TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
-LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
-                   "latency_p99_ms")
-SPARK_METRICS = ("spark_max_abs_diff",)
-BATCH_METRICS = ("batch_dev",)
-# each task's own fidelity metrics (bertopt.validate.task_metrics), measured on the task's output
-FIDELITY_METRICS = ("max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10", "spearman",
-                    "term_overlap_at_10")
 SPARK_TOLERANCE = 1e-5
 
 
@@ -104,11 +103,6 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}' needs the batch-invariance check; drop --no-batch-check")
             continue
         raise UserError(f"unknown metric '{t.metric}' in targets; known: " + ", ".join(known_metrics(qkey)))
-
-
-def known_metrics(quantile_key: str = "abs_err_p99") -> tuple[str, ...]:
-    return (PER_OUTPUT_METRICS + (quantile_key,) + FIDELITY_METRICS + TASK_METRICS + LATENCY_METRICS
-            + SPARK_METRICS + BATCH_METRICS)
 
 
 def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:

@@ -13,6 +13,23 @@ from dataclasses import dataclass
 
 from bertopt.errors import UserError
 
+# the metric names a target may use: what validate measures, by where it comes from
+PER_OUTPUT_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
+                      "neighbour_agreement_at_10", "top1_agreement")
+TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
+LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
+                   "latency_p99_ms")
+SPARK_METRICS = ("spark_max_abs_diff",)
+BATCH_METRICS = ("batch_dev",)
+# each task's own fidelity metrics (bertopt.validate.task_metrics), measured on the task's output
+FIDELITY_METRICS = ("max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10", "spearman",
+                    "term_overlap_at_10")
+
+
+def known_metrics(quantile_key: str = "abs_err_p99") -> tuple[str, ...]:
+    return (PER_OUTPUT_METRICS + (quantile_key,) + FIDELITY_METRICS + TASK_METRICS + LATENCY_METRICS
+            + SPARK_METRICS + BATCH_METRICS)
+
 HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1", "ndcg", "spearman",
                     "overlap")
 LOWER_IS_BETTER = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency", "p50", "p90", "p99", "degradation",
@@ -40,8 +57,6 @@ def default_op(metric: str) -> str:
         return ">="
     if any(p in base for p in LOWER_IS_BETTER):
         return "<="
-    from bertopt.validate.gate import known_metrics
-
     raise UserError(f"unknown metric '{metric}' in target; known metrics: {', '.join(known_metrics())}")
 
 
