@@ -253,7 +253,7 @@ def build_bytelevel_bpe_tokenizer(vocab_file: Path, merges_file: Path, add_prefi
 
 def _convert_sentencepiece(src: Path):
     """SentencePiece models convert through transformers' converters (they need the sentencepiece package)."""
-    require("sentencepiece", "families", "converting a SentencePiece tokenizer")
+    require("sentencepiece", "torch", "converting a SentencePiece tokenizer")
     transformers = require("transformers", "torch", "converting a SentencePiece tokenizer")
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True)
