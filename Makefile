@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bertopt run recipes/minilm-fastest-cpu.yaml --out artifacts
+	$(BIN)/bertopt run recipes/minilm-faithful-cpu.yaml --out artifacts
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -34,7 +34,7 @@ from common import (  # noqa: E402
     settings_from,
 )
 
-CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu"]
+CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu", "minilm-faithful-cpu"]
 COS_MIN = 0.995
 DEV_MAX = 1e-4
 

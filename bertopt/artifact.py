@@ -269,7 +269,7 @@ class Artifact:
         figure = f" (up to {dev:.2g} 1-cosine measured)" if isinstance(dev, (int, float)) else ""
         return (f"warning: {self.path} is batch-dependent: a text's output changes with what it is batched "
                 f"with{figure}; for outputs that match validation use a batch-invariant artifact "
-                "(bertopt run recipes/minilm-fastest-cpu.yaml)")
+                "(bertopt run recipes/minilm-faithful-cpu.yaml)")
 
     def record_validation(self, key: str, results: dict[str, Any]) -> None:
         """Store validation results in the manifest (atomically; hashed files are untouched)."""

@@ -21,7 +21,7 @@ from bertopt.reporting import console, err_console
 app = typer.Typer(
     name="bertopt",
     help="Turn a BERT-family encoder into a validated serving artifact, and serve it.\n\n"
-    "Typical flow: [bold]bertopt run recipes/minilm-fastest-cpu.yaml[/] (export -> prune -> compile -> compare "
+    "Typical flow: [bold]bertopt run recipes/minilm-faithful-cpu.yaml[/] (export -> prune -> compile -> compare "
     "-> gate), "
     "or stage by stage: [bold]bertopt export builtin:minilm --out a/onnx[/], "
     "[bold]bertopt quantize a/onnx --mode fp16 --out a/fp16[/], [bold]bertopt inspect a/fp16[/].",
@@ -102,7 +102,8 @@ _register_stage_commands()
 
 @app.command("run")
 def run_command(
-    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ (default: minilm-fastest-cpu)."),
+    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ "
+                                           "(default: minilm-faithful-cpu)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
                                         "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
     out: Path = typer.Option(Path("artifacts"), "--out", "-o", help="Folder for the artifacts; each stage writes "

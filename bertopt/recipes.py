@@ -1,6 +1,6 @@
 """Recipes: a source model, a list of stages with parameters, and a ``validate:`` section, in YAML.
 
-    name: minilm-fastest-cpu
+    name: minilm-faithful-cpu
     model: builtin:minilm
     stages:
       - export: {opset: 17}
@@ -23,7 +23,7 @@ from bertopt.errors import UserError
 from bertopt.params import resolve_config
 
 RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate")
-DEFAULT_RECIPE = "minilm-fastest-cpu"  # faithful and batch-invariant (benchmarks/default_candidates.py)
+DEFAULT_RECIPE = "minilm-faithful-cpu"  # faithful and batch-invariant on every CPU (benchmarks/default_candidates.py)
 
 
 @dataclass
