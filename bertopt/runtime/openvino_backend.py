@@ -64,6 +64,9 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
 
 class OpenVinoSession:
     backend = "openvino"
+    # one stream (LATENCY hint): runs from two threads wait for each other, so a caller that needs one run not to
+    # wait behind another (the server's priority lane) opens a session of its own
+    concurrent_runs = False
 
     def __init__(self, artifact, provider: str = "auto", threads: int | None = None):
         ov = require("openvino", "openvino", "running artifacts with OpenVINO")

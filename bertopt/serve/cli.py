@@ -76,7 +76,7 @@ def _register_serve(app: typer.Typer) -> None:
         max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", min=1, help="Most tokens in one mini-job: "
                                              "requests are cut into, and packed into, mini-jobs of at most this "
                                              "many tokens (ZeroMQ and HTTP alike)."),
-        http_port: Optional[int] = typer.Option(None, "--http-port", min=1, max=65535,
+        http_port: Optional[int] = typer.Option(None, "--http-port",
                                                 help="Also serve HTTP on this port: OpenAI /v1/embeddings and TEI "
                                                 "/embed, /predict, /rerank, /tokenize, /health, /info, /metrics."),
         zmq: bool = typer.Option(True, "--zmq/--no-zmq", help="Serve ZeroMQ on --port/--port-out (--no-zmq "
@@ -89,7 +89,7 @@ def _register_serve(app: typer.Typer) -> None:
                                                     "admitted at once; beyond it: 429 with Retry-After."),
         request_timeout: float = typer.Option(60.0, "--request-timeout", min=0.001, help="Seconds an HTTP request may "
                                               "wait for its answer (then 504)."),
-        bulk_nice: int = typer.Option(10, "--bulk-nice", min=0, max=19,
+        bulk_nice: int = typer.Option(10, "--bulk-nice",
                                       help="Nice value of the workers' bulk-lane threads (0-19): under a "
                                       "flood, small (priority) requests get the cores first. 0 gives bulk work the "
                                       "same priority."),

@@ -234,12 +234,21 @@ def run_worker(cfg: dict) -> int:
         ctx.term()
         return 1
     cfg.setdefault("output", predictor.primary_output)
-    ctrl.send_multipart([READY, json.dumps({"pid": os.getpid(), **predictor.describe()}, default=str).encode()])
 
+    # the priority lane must not wait behind a bulk mini-job: where the backend runs one inference at a time
+    # (OpenVINO's single stream), it gets a session of its own (the model's weights twice in memory)
+    priority_predictor = predictor
+    if not getattr(predictor.session, "concurrent_runs", True):
+        priority_predictor = _load_predictor(cfg, ctrl)
+        if priority_predictor is None:
+            ctrl.close()
+            ctx.term()
+            return 1
+    ctrl.send_multipart([READY, json.dumps({"pid": os.getpid(), **predictor.describe()}, default=str).encode()])
     done_pull = ctx.socket(zmq.PULL)
     done_pull.bind(f"inproc://done-{index}")
     lanes = {"bulk": LaneRunner(ctx, cfg, predictor, nice=int(cfg.get("bulk_nice") or 0)),
-             "priority": LaneRunner(ctx, cfg, predictor)}
+             "priority": LaneRunner(ctx, cfg, priority_predictor)}
     threads = [threading.Thread(target=lane.loop, name=f"lane-{name}", daemon=True) for name, lane in lanes.items()]
     for t in threads:
         t.start()

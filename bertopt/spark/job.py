@@ -118,8 +118,8 @@ def check_local_input(path: str, fmt: str, text_col: str, pair_col: str | None) 
         return
     for name, flag in ((text_col, "--text-col"), (pair_col, "--pair-col")):
         if name is not None and name not in columns:
-            raise UserError(f"input {path} has no column '{name}' (columns: {', '.join(columns)}); pass "
-                            f"{flag} NAME")
+            raise UserError(f"input has no column '{name}'; its columns are: {', '.join(columns) or 'none'} "
+                            f"(choose one with {flag})")
 
 
 def spark_error_summary(exc: BaseException) -> str:

@@ -24,19 +24,21 @@ def test_spark_check_tiny_with_nulls(spark, tiny_onnx):
     assert report["startup_s"] >= 0
 
 
-def test_spark_check_pairs_on_classifier(spark, tiny_classifier):
+def test_spark_check_pairs_on_cross_encoder(spark, task_artifact):
+    """(query, passage) pairs through Spark: a cross-encoder (a plain classifier refuses pairs)."""
     from bertopt.spark import spark_check
 
+    _, reranker = task_artifact("rerank")
     pairs = list(reversed(TEXTS))
-    report = spark_check(tiny_classifier, TEXTS, pairs=pairs, batch_size=4, spark=spark)
-    assert report["output"] == "logits" and report["rows"] == len(TEXTS)
+    report = spark_check(reranker, TEXTS, pairs=pairs, batch_size=4, spark=spark)
+    assert report["output"] == "score" and report["rows"] == len(TEXTS)
     assert report["max_abs_diff"] <= 1e-5 and report["null_rows"] == 0
-    # the second segment matters (the logits move by far more than 1e-5 without it), so the UDF's match with the
-    # in-process run on pairs proves the pairs reached the executors' model
+    # the second segment matters (the score moves by far more than 1e-5 when it changes), so the UDF's match with
+    # the in-process run on pairs proves the pairs reached the executors' model
     from bertopt.runtime import Predictor
 
-    pred = Predictor(tiny_classifier)
-    assert abs(pred.encode(TEXTS, pairs) - pred.encode(TEXTS)).max() > 1e-3
+    pred = Predictor(reranker)
+    assert abs(pred.encode(TEXTS, pairs) - pred.encode(TEXTS, TEXTS)).max() > 1e-3
 
 
 def test_spark_check_real_minilm_on_builtin_corpus(spark, minilm_onnx):
