@@ -228,9 +228,9 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     from bertopt.validate.task_metrics import rerank_pairs
 
     outputs = artifact.outputs
-    kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
+    kinds = artifact.output_kinds
     model_task = task_of(artifact)
-    primary = artifact.model_info.get("primary_output") or outputs[-1]["name"]
+    primary = artifact.primary_output
     if model_task != "embedding":
         primary = task_output(artifact, model_task)
     if primary not in kinds:
