@@ -47,6 +47,10 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
     if hint not in PERFORMANCE_HINTS:
         raise UserError(f"unknown OpenVINO performance hint {hint!r}; use one of {', '.join(PERFORMANCE_HINTS)}")
     config: dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_NUM_THREADS": int(threads)}
+    if int(threads) < (os.cpu_count() or 1):
+        # a session given part of the machine (one of several server workers, a Spark executor) must not pin its
+        # threads: OpenVINO pins every process to the same first cores, so two 1-thread workers share one core
+        config["ENABLE_CPU_PINNING"] = False
     if precision != "auto":
         config["INFERENCE_PRECISION_HINT"] = precision
     if hint == "LATENCY":
