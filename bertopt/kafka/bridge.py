@@ -236,7 +236,8 @@ class KafkaBridge:
         self.counters = Counters()
         self.stopping = False
         self._failpoint = _parse_failpoint(os.environ.get(FAILPOINT_ENV))
-        self._refuse = getattr(backend, "refuse", None)  # a backend's own limits on texts (spark: no empty text)
+        # a backend's own limits on a request's texts and pairs (spark: no empty text)
+        self._refuse = getattr(backend, "refuse", None)
         consumer_conf, producer_conf = kafka_configs(cfg)
         try:
             self.consumer = self.ck.Consumer(consumer_conf)
@@ -331,7 +332,7 @@ class KafkaBridge:
             commit_to[key] = max(commit_to.get(key, -1), msg.offset() + 1)
             req = parse_request(msg.value(), self.cfg.max_texts_per_request)
             if req.error is None and self._refuse is not None:
-                req.error = self._refuse(req.texts)
+                req.error = self._refuse(req.texts, req.pairs)
             if req.error is not None:
                 self.counters.errors += 1
                 where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
