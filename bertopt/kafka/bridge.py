@@ -35,7 +35,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import UserError, require
-from bertopt.messages import _NO_ID, ParsedRequest, ResponseFormat, parse_request  # noqa: F401  (the bridge's contract)
+from bertopt.messages import (  # noqa: F401  (the bridge's contract)
+    _NO_ID,
+    EMBEDDING_PAIRS_ERROR,
+    ParsedRequest,
+    ResponseFormat,
+    parse_request,
+)
 
 log = logging.getLogger("bertopt.kafka")
 
@@ -365,7 +371,7 @@ class KafkaBridge:
         """Embeddings (an array) from an embedding model, else the task results (a list)."""
         if self.format.task == "embedding":
             if pairs is not None:
-                raise UserError("an embedding model takes single texts; drop 'pair' / 'pairs'")
+                raise UserError(EMBEDDING_PAIRS_ERROR)
             return self.backend.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
         return self.backend.predict(texts, pairs, aggregation) if texts else []
 

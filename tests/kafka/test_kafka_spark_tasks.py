@@ -1,7 +1,8 @@
 """Task models through `bertopt kafka --backend spark` on a real broker (tansu) and a real Spark local[2] session:
 for the same request messages, every response document (classification labels and all class scores, NER entities
 with each aggregation, rerank scores of (query, passage) pairs, SPLADE vectors, embeddings) equals the one the
-local backend writes, error responses included; the CLI answers a rerank model's pairs the same way."""
+local backend writes, error responses included, and so do the Structured Streaming job's (``kafka_responses``);
+the CLI answers a rerank model's pairs the same way."""
 
 from __future__ import annotations
 
@@ -87,6 +88,23 @@ def answer(kafka, backend, requests: list[dict], group: str) -> dict:
     return bodies
 
 
+def stream_responses(spark, art, requests: list[dict]) -> dict:
+    """``kafka_responses`` (the streaming job's per-batch step) on a Kafka-shaped DataFrame of ``requests``."""
+    from bertopt.spark.session import worker_errors
+    from bertopt.spark.streaming import kafka_responses
+
+    rows = [(f"k-{r['id']}".encode(), json.dumps(r).encode(), i % 2, i) for i, r in enumerate(requests)]
+    df = spark.createDataFrame(rows, "key binary, value binary, partition int, offset long")
+    with worker_errors():
+        out = kafka_responses(df, art.path, partitions=2, batch_size=4, threads=1).collect()
+    bodies = {}
+    for row in out:
+        body = json.loads(row["value"])
+        assert row["key"] == f"k-{body['id']}".encode() and body["id"] not in bodies
+        bodies[body["id"]] = body
+    return bodies
+
+
 def task_requests(task: str) -> list[dict]:
     singles = [{"id": i, "text": t} for i, t in enumerate(TASK_TEXTS)]
     if task == "rerank":
@@ -132,6 +150,11 @@ def test_kafka_spark_backend_answers_task_models_like_the_local_backend(kafka, t
             assert_same_document(got[rid], want, f"{task}/{family} id {rid!r}")
         for blank in blanks:  # Spark has no prediction for blank text: an error, never a silent null
             assert got[blank["id"]] == {"id": blank["id"], "error": EMPTY_TEXT_ERROR, "artifact": art.digest}
+        # the Structured Streaming job's per-batch transformation answers the same messages the same way
+        streamed = stream_responses(spark, art, requests + blanks)
+        assert set(streamed) == set(got)
+        for rid, want in got.items():
+            assert_same_document(streamed[rid], want, f"streamed {task}/{family} id {rid!r}")
 
         if task == "embedding":
             assert "embedding" in got[0] and "error" in got["with-pair"]
