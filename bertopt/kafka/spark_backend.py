@@ -74,7 +74,8 @@ class SparkBackend:
         art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
         self.art = art
         self.task = task_of(art)
-        task_output(art, self.task)  # an artifact without the task's output fails here, before Spark starts
+        if self.task != "embedding":  # a task artifact without its task's output fails here, before Spark starts
+            task_output(art, self.task)
         self.digest = art.digest
         self.model_info = art.model_info
         self.batches = 0
