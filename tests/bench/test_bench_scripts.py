@@ -64,3 +64,20 @@ def test_accuracy_aware_script_smoke(tiny_hf, tmp_path):
     assert rows["openvino + GPTQ + search"]["size_bytes"] < rows["openvino bf16 (no int8)"]["size_bytes"]
     assert set(data["goal"]) >= {"cos_min_met", "speedup_share_met", "share_of_openvino_int8"}
     assert "goal: cos_min" in proc.stdout
+
+
+@pytest.mark.slow
+def test_default_candidates_script_smoke(tiny_hf, tmp_path):
+    out = tmp_path / "d.json"
+    proc = _run("default_candidates.py", "--model", tiny_hf, "--out", tmp_path / "art", "--recipes",
+                "minilm-int8-cpu", "minilm-faithful-cpu", *TINY, "--probes", "8", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["results"]}
+    assert list(rows) == ["PyTorch fp32", "minilm-int8-cpu", "minilm-faithful-cpu"]
+    faithful = rows["minilm-faithful-cpu"]
+    # OpenVINO f32 is the model itself, alone or batched: the default's bar on fidelity and batch invariance
+    assert faithful["fidelity"]["corpus"]["cos_min"] > 0.9999
+    assert max(faithful["batch_dev"].values()) < 1e-6
+    assert rows["minilm-int8-cpu"]["vs"]["old-default"]["mixed"] == 1.0  # the first recipe is the baseline
+    assert "meets bar" in proc.stdout and data["machine"]["load_average"]
