@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.params import typer_parameters
@@ -85,6 +86,8 @@ def _print_stage_result(art) -> None:
         if "cos_min" in s:
             lines.append(f"  {name} vs input: cos mean {s['cos_mean']:.6f} min {s['cos_min']:.6f}, "
                          f"max abs {s['max_abs']:.3g}")
+    for note in rep.get("notes") or []:
+        lines.append(f"  [yellow]note[/]: {escape(note)}")
     if rep.get("kept_fp32_nodes"):
         lines.append(f"  kept fp32: {len(rep['kept_fp32_nodes'])} nodes")
     console.print("\n".join(lines))

@@ -152,14 +152,16 @@ def _onnx_companion_folders(source, config) -> list[Path]:
 def import_onnx(source, config, out_dir: Path, overwrite: bool):
     """An ONNX file (bertopt's, Optimum's, sentence-transformers' own export) as an artifact: inputs and task from
     the graph's names and shapes, family, labels and positions from the config.json beside it, tokenizer from
-    its folder, external data files carried along."""
+    its folder, external data files carried along. A graph that stops at token states gets the folder's
+    sentence-transformers pipeline (modules.json: Pooling, Dense, Normalize) appended, else mean pooling
+    (``--pooling`` picks another, ``none`` keeps the token states only)."""
     import json
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.errors import require
     from bertopt.families import family_for_config
     from bertopt.sources.hf import copy_tokenizer, read_model_info
-    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx
+    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx, save_onnx, uses_external_data
 
     require("onnx", "onnx", "importing ONNX models")
     model = load_onnx(source.path)
@@ -186,20 +188,136 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
             labels = int(next(o for o in outputs if o["name"] == info["primary_output"])["shape"][-1])
             detected.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
                             pair_input=info["task"] == "rerank")
+        detected["hidden_size"] = detected.get("hidden_size") or info["hidden_size"]
         info = detected
     else:
         info["family"] = "bert"
         info["pair_input"] = info["task"] == "rerank"
     if config["max_seq_len"]:
         info["max_seq_len"] = config["max_seq_len"]
+    plan = _sentence_pipeline_plan(source, config, folders, inputs, outputs, info)
+    if plan and plan.get("append"):
+        from bertopt.sources.onnx_pipeline import append_sentence_pipeline
+
+        model = append_sentence_pipeline(model, plan["folder"], info, plan["pooling"],
+                                         token_output=plan["token_output"], mask_input=plan["mask_input"])
+        outputs = outputs + [plan["output"]]
+        info["primary_output"] = plan["output"]["name"]
     with ArtifactWriter(out_dir, stage=NAME, params=config, source=source.to_manifest(),
                         overwrite=overwrite) as w:
         w.model_info = info
         copy_tokenizer(tok_dir, w.dir / "tokenizer", family=info.get("family"), vocab_size=info.get("vocab_size"))
-        copy_onnx(source.path, w.dir / "model.onnx")
+        if plan and plan.get("append"):
+            save_onnx(model, w.dir / "model.onnx", external=uses_external_data(source.path))
+            w.report["exporter"] = ("import (ONNX file as is, with its external data) + the sentence-transformers "
+                                    "pipeline appended (torch.onnx.export, TorchScript)")
+        else:
+            copy_onnx(source.path, w.dir / "model.onnx")
+            w.report["exporter"] = "import (ONNX file copied as is, with its external data)"
         w.set_model("model.onnx", "onnx", inputs, outputs, precision="fp32")
-        w.report["exporter"] = "import (ONNX file copied as is, with its external data)"
         w.report["recognised"] = {"task": info["task"], "inputs": [i["name"] for i in inputs],
                                   "outputs": {o["name"]: o["kind"] for o in outputs},
                                   "config": str(cfg_dir / "config.json") if cfg_dir else None}
+        if plan:
+            w.report["notes"] = [plan["note"]]
+            w.report["sentence_pipeline"] = {k: plan.get(k) for k in ("pooling", "dense", "normalize", "from")}
+        if plan and plan.get("append"):
+            diff = _pipeline_diff_vs_pytorch(w, plan, info)
+            w.report["max_abs_diff_vs_pytorch"] = diff
+            if not diff <= config["check_tolerance"]:
+                raise UserError(f"the appended sentence-transformers pipeline differs from PyTorch by {diff:.3g} "
+                                f"(> {config['check_tolerance']:g}); please report it, or pass --pooling none")
     return w.artifact
+
+
+def _sentence_pipeline_plan(source, config, folders, inputs, outputs, info) -> dict | None:
+    """What to do about sentence pooling for an imported graph: None when it computes something else or already
+    pools; else the pooling to append (the folder's sentence-transformers pipeline, ``--pooling``, or mean) with
+    the note the report and the CLI show, or (``--pooling none``) a note that it stays per token."""
+    from bertopt.sources.hf import dense_weights_file, sentence_pipeline_info
+
+    pooled = [o for o in outputs if o["kind"] in ("embedding", "sparse", "logits", "score", "token-logits")]
+    token = next((o for o in outputs if o["kind"] == "token"), None)
+    mode = config["pooling"]
+    if pooled or token is None or info["task"] != "embedding":
+        if mode not in ("auto", "none"):
+            what = ", ".join(o["name"] for o in pooled) or "no token states"
+            raise UserError(f"{source.path} outputs {what}, so there is nothing to pool; drop --pooling {mode}")
+        return None
+    name = source.path.name
+    if mode == "none":
+        return {"append": False, "from": None, "pooling": None, "dense": [], "normalize": False,
+                "note": f"{name} outputs token states only ({token['name']}); kept per token (--pooling none): "
+                        "encode() and the servers' embeddings need a pooled output, so run() it or export again "
+                        "without --pooling none"}
+    mask = next((i["name"] for i in inputs if i["role"] == "attention_mask"), None)
+    if mask is None:
+        raise UserError(f"{source.path} has no attention_mask input, which sentence pooling needs; re-export it "
+                        "with attention_mask, or pass --pooling none for the token states only")
+    st_dir = next((f for f in folders if (f / "modules.json").exists()), None)
+    st = sentence_pipeline_info(st_dir) if st_dir else {"pooling": None, "dense": [], "normalize": False}
+    pooling = st["pooling"] if mode == "auto" else mode
+    if st_dir and pooling:
+        where = f"the sentence-transformers pipeline of {st_dir / 'modules.json'}"
+        if mode != "auto":
+            where += f" with --pooling {mode}"
+        note = f"{name} outputs token states only; appended {where} ({_pipeline_words(pooling, st)})"
+    elif st_dir:
+        pooling = "mean"
+        note = (f"{name} outputs token states only and {st_dir / 'modules.json'} has no Pooling module; appended "
+                f"mean pooling ({_pipeline_words(pooling, st)}); --pooling picks another, none keeps tokens")
+    elif mode == "auto":
+        pooling = "mean"
+        note = (f"{name} outputs token states only and no sentence-transformers modules.json is beside it; appended "
+                "mean pooling, as for a Hugging Face folder without one (--pooling cls|max|... picks another, "
+                "--pooling none keeps the token states only)")
+    else:
+        note = f"{name} outputs token states only; appended {pooling} pooling (--pooling {mode})"
+    for dense in st["dense"]:
+        dense_weights_file(st_dir, dense, allow_bin=False)  # safetensors only: a .bin is a pickle
+    width = (info.get("hidden_size") or 0) * (len(pooling) if isinstance(pooling, list) else 1)
+    if st["dense"] and width and st["dense"][0]["in_features"] != width:
+        raise UserError(f"{st_dir / st['dense'][0]['path']} takes {st['dense'][0]['in_features']} features but "
+                        f"{pooling} pooling gives {width}; use the model's own pooling (drop --pooling)")
+    info.update(pooling=pooling, dense=st["dense"], normalize=st["normalize"])
+    dim = st["dense"][-1]["out_features"] if st["dense"] else (width or "dim")
+    output = {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", dim], "kind": "embedding",
+              "pooling": pooling, "normalized": bool(st["normalize"])}
+    info["sentence_pipeline"] = {"folder": str(st_dir) if st_dir else None, "token_output": token["name"],
+                                 "mask_input": mask}
+    return {"append": True, "folder": st_dir, "from": str(st_dir / "modules.json") if st_dir else None,
+            "pooling": pooling, "dense": st["dense"], "normalize": st["normalize"], "token_output": token["name"],
+            "mask_input": mask, "output": output, "note": note}
+
+
+def _pipeline_words(pooling, st) -> str:
+    parts = [f"{'+'.join(pooling) if isinstance(pooling, list) else pooling} pooling"]
+    parts += [f"Dense {d['in_features']}->{d['out_features']} {d['activation']}" for d in st["dense"]]
+    if st["normalize"]:
+        parts.append("Normalize")
+    return ", ".join(parts)
+
+
+def _pipeline_diff_vs_pytorch(writer, plan, info) -> float:
+    """The appended graph part against sentence-transformers' modules in PyTorch, both on the ONNX's own token
+    states (each text alone, its real tokens only) of real sentences: the worst elementwise difference."""
+    import numpy as np
+    import torch
+
+    from bertopt.data import corpus
+    from bertopt.runtime import Predictor
+    from bertopt.sources.hf import build_sentence_pipeline
+
+    out = Predictor(writer.staged(), provider="cpu").run(corpus()[:48],
+                                                         outputs=[plan["token_output"], "sentence_embedding"])
+    head = build_sentence_pipeline(plan["folder"] or Path("."), info, plan["pooling"], allow_bin=False)
+    worst = 0.0
+    with torch.no_grad():
+        for states, got in zip(out[plan["token_output"]], out["sentence_embedding"]):
+            hidden = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))[None]
+            want = head(hidden, torch.ones(1, hidden.shape[1], dtype=torch.long))[0].numpy()
+            diff = float(np.max(np.abs(got - want)))
+            if not np.isfinite(diff):
+                return float("inf")
+            worst = max(worst, diff)
+    return worst
