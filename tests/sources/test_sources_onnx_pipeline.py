@@ -1,0 +1,155 @@
+"""ONNX exports that stop at token states (sentence-transformers' ``backend="onnx"`` save, ``onnx/model.onnx``, and
+Optimum's ``feature-extraction``): ``bertopt export`` appends the folder's sentence-transformers pipeline
+(Pooling, Dense, Normalize) to the graph, so the artifact's sentence embedding equals
+``SentenceTransformer.encode``; without a modules.json it appends mean pooling (what sentence-transformers itself
+does with a plain folder) and says so; ``--pooling`` overrides, ``none`` keeps the token states."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from bertopt.data import corpus, mixed_text
+from bertopt.families import family_for_config
+from bertopt.registry import run_stage
+from bertopt.runtime import Predictor
+from bertopt.sources.hf import hf_reference
+from bertopt.testing import build_tiny_family_model
+
+TEXTS = [t for t in corpus() if t][:40] + mixed_text()[:8]
+TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
+
+
+def st_onnx_export(hf, opset: int = 14, external: bool = False):
+    """What ``SentenceTransformer(folder, backend="onnx").save(folder)`` writes (through Optimum's
+    ``feature-extraction`` export): ``<folder>/onnx/model.onnx``, the bare AutoModel with the family's inputs
+    (input_ids, attention_mask [, token_type_ids]), one output ``last_hidden_state``, Optimum's dynamic axis
+    names, opset 14 by default; ``external`` keeps the weights in ``model.onnx_data`` (models over 2 GB)."""
+    import onnx
+    import torch
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(hf, attn_implementation="eager").eval()
+    names = family_for_config(model.config.to_dict()).input_names(model.config.to_dict())
+
+    class FeatureExtraction(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return self.model(**dict(zip(names, args))).last_hidden_state
+
+    path = hf / "onnx" / "model.onnx"
+    path.parent.mkdir(exist_ok=True)
+    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names + ["last_hidden_state"]}
+    with torch.no_grad():
+        torch.onnx.export(FeatureExtraction().eval(), tuple(torch.ones(2, 8, dtype=torch.long) for _ in names),
+                          str(path), input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                          opset_version=opset, dynamo=False)
+    if external:
+        onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location="model.onnx_data", size_threshold=0)
+    assert [o.name for o in onnx.load(str(path), load_external_data=False).graph.output] == ["last_hidden_state"]
+    return path
+
+
+# (family: its tokenizer kind, pooling, Dense, Normalize, opset, external data)
+CASES = [
+    ("bert", "cls", None, True, 14, False),  # WordPiece
+    ("roberta", "max", None, False, 17, True),  # byte-level BPE
+    ("xlm-roberta", "mean", {"out_features": 16, "activation": TANH}, True, 14, False),  # SentencePiece Unigram
+    ("mpnet", "mean", None, True, 17, False),  # WordPiece, RoBERTa-style positions
+    ("deberta-v2", "max", {"out_features": 24, "activation": IDENTITY}, False, 14, False),  # SentencePiece
+]
+
+
+@pytest.mark.parametrize("family,pooling,dense,normalize,opset,external", CASES,
+                         ids=[f"{c[0]}-{c[1]}{'-dense' if c[2] else ''}" for c in CASES])
+def test_sentence_transformers_onnx_gets_its_pipeline(family, pooling, dense, normalize, opset, external, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from bertopt.validate.reference import reference_predictor
+
+    hf = build_tiny_family_model(tmp_path / "st", family, pooling=pooling, dense=dense, normalize=normalize)
+    want = SentenceTransformer(str(hf), device="cpu").encode(TEXTS, batch_size=8)
+    onnx_file = st_onnx_export(hf, opset=opset, external=external)
+    art = run_stage("export", onnx_file, {}, tmp_path / "art")
+    width = dense["out_features"] if dense else 32
+    assert [(o["name"], o["kind"], o["shape"]) for o in art.outputs] == [
+        ("last_hidden_state", "token", ["batch", "sequence", 32]),
+        ("sentence_embedding", "embedding", ["batch", width])]
+    out = art.outputs[1]
+    assert (out["pooling"], out["normalized"]) == (pooling, normalize)
+    info = art.model_info
+    fam = family_for_config(json.loads((hf / "config.json").read_text())).name  # xlm-roberta is a roberta
+    assert (info["task"], info["primary_output"], info["family"]) == ("embedding", "sentence_embedding", fam)
+    report = art.lineage["report"]
+    assert report["max_abs_diff_vs_pytorch"] < 1e-5
+    assert f"appended the sentence-transformers pipeline of {hf / 'modules.json'}" in report["notes"][0]
+    got = Predictor(art, provider="cpu").encode(TEXTS)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    if normalize:
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    if external:  # the weights stay in their data file, carried and hashed
+        assert art.manifest["external_data"] == ["model.onnx_data"]
+        assert (art.path / "model.onnx").stat().st_size < 60_000 < (art.path / "model.onnx_data").stat().st_size
+    # validate's default reference: the source file with the same pipeline appended
+    np.testing.assert_allclose(reference_predictor(art).encode(TEXTS), want, atol=1e-5)
+
+
+def test_plain_optimum_export_gets_mean_pooling_and_says_so(tmp_path, cli):
+    from sentence_transformers import SentenceTransformer
+
+    hf = build_tiny_family_model(tmp_path / "plain", "electra")
+    for name in ("modules.json", "sentence_bert_config.json"):
+        (hf / name).unlink()
+    shutil.rmtree(hf / "1_Pooling")
+    shutil.rmtree(hf / "2_Normalize", ignore_errors=True)
+    onnx_file = st_onnx_export(hf)
+    code, out, err = cli("export", onnx_file, "--out", tmp_path / "art")
+    assert code == 0, err
+    assert "no sentence-transformers modules.json is beside it; appended mean pooling" in " ".join(out.split())
+    art = run_stage("export", onnx_file, {}, tmp_path / "again")
+    assert [(o["name"], o["kind"], o.get("pooling")) for o in art.outputs] == [
+        ("last_hidden_state", "token", None), ("sentence_embedding", "embedding", "mean")]
+    # sentence-transformers itself reads a folder without modules.json as Transformer + mean Pooling
+    want = SentenceTransformer(str(hf), device="cpu").encode(TEXTS, batch_size=8)
+    np.testing.assert_allclose(Predictor(art, provider="cpu").encode(TEXTS), want, atol=1e-5)
+
+
+def test_pooling_option_overrides_or_keeps_tokens(tmp_path, cli):
+    hf = build_tiny_family_model(tmp_path / "st", "bert", pooling="mean", normalize=True)
+    onnx_file = st_onnx_export(hf)
+    art = run_stage("export", onnx_file, {"pooling": "cls"}, tmp_path / "cls")
+    assert art.outputs[-1]["pooling"] == "cls" and art.outputs[-1]["normalized"] is True
+    np.testing.assert_allclose(Predictor(art, provider="cpu").encode(TEXTS), hf_reference(hf, pooling="cls")
+                               .encode(TEXTS), atol=1e-5)
+    code, out, err = cli("export", onnx_file, "--out", tmp_path / "tokens", "--pooling", "none")
+    assert code == 0, err
+    assert "kept per token (--pooling none)" in " ".join(out.split())
+    tokens = run_stage("export", onnx_file, {"pooling": "none"}, tmp_path / "tokens2")
+    assert [(o["name"], o["kind"]) for o in tokens.outputs] == [("last_hidden_state", "token")]
+    assert tokens.model_info["primary_output"] == "last_hidden_state"
+
+
+def test_appended_pipeline_goes_through_the_stages(tmp_path):
+    """optimize fuses the encoder with the pipeline behind it; int8 and the gate run against the source file plus
+    the same pipeline (validate's default reference)."""
+    from bertopt.validate.compare import cosine_rows
+    from bertopt.validate.gate import validate_artifact
+
+    hf = build_tiny_family_model(tmp_path / "st", "bert", pooling="max", dense={"out_features": 16,
+                                                                                  "activation": TANH})
+    art = run_stage("export", st_onnx_export(hf), {}, tmp_path / "art")
+    opt = run_stage("optimize", art, {}, tmp_path / "opt")
+    assert opt.manifest["lineage"]["report"]["fused_ops"].get("SkipLayerNormalization")
+    int8 = run_stage("quantize", opt, {"mode": "int8-dynamic"}, tmp_path / "int8")
+    ref = hf_reference(hf).encode(TEXTS)
+    assert cosine_rows(Predictor(opt, provider="cpu").encode(TEXTS), ref).min() > 0.99999
+    result = validate_artifact(int8, {"targets": "cos_min=0.9", "latency": False, "max_texts": 48},
+                               tmp_path / "report", raise_on_fail=False)
+    assert result["passed"] is True, result["checks"]
