@@ -55,9 +55,8 @@ def append_sentence_pipeline(model, folder: Path | None, info: dict[str, Any], p
                         f"opsets {_EXPORTER_OPSETS[0]}-{_EXPORTER_OPSETS[-1]}; re-export it with --opset 17, or "
                         "pass --pooling none for the token states only")
     head = build_sentence_pipeline(folder or Path("."), info, pooling, allow_bin=allow_bin)
-    mask_dtype = {TensorProto.INT32: torch.int32}.get(mask.type.tensor_type.elem_type, torch.int64)
     dummy_hidden = torch.randn(2, 8, int(hidden))
-    dummy_mask = torch.ones(2, 8, dtype=mask_dtype)
+    dummy_mask = torch.ones(2, 8, dtype=torch.long)
     dummy_mask[1, 5:] = 0
     buffer = io.BytesIO()
     with torch.inference_mode(False), torch.no_grad():
@@ -79,7 +78,12 @@ def append_sentence_pipeline(model, folder: Path | None, info: dict[str, Any], p
         source = _PREFIX + "hidden_fp32"
         nodes.append(helper.make_node("Cast", [token_output], [source], to=TensorProto.FLOAT,
                                       name=_PREFIX + "cast_hidden"))
-    rename = {_PREFIX + "hidden": source, _PREFIX + "attention_mask": mask_input,
+    mask_source = mask_input
+    if mask.type.tensor_type.elem_type != TensorProto.INT64:  # int32 inputs: the pipeline was traced with int64
+        mask_source = _PREFIX + "attention_mask_int64"
+        nodes.append(helper.make_node("Cast", [mask_input], [mask_source], to=TensorProto.INT64,
+                                      name=_PREFIX + "cast_mask"))
+    rename = {_PREFIX + "hidden": source, _PREFIX + "attention_mask": mask_source,
               _PREFIX + PIPELINE_OUTPUT: PIPELINE_OUTPUT}
     for node in part.graph.node:
         for i, name in enumerate(node.input):

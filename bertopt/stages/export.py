@@ -254,7 +254,9 @@ def _sentence_pipeline_plan(source, config, folders, inputs, outputs, info) -> d
     if mask is None:
         raise UserError(f"{source.path} has no attention_mask input, which sentence pooling needs; re-export it "
                         "with attention_mask, or pass --pooling none for the token states only")
-    st_dir = next((f for f in folders if (f / "modules.json").exists()), None)
+    # the pipeline sits with the model's files: beside the ONNX file or above it, whatever --tokenizer names
+    places = list(dict.fromkeys(folders + [source.path.parent, source.path.parent.parent]))
+    st_dir = next((f for f in places if (f / "modules.json").exists()), None)
     st = sentence_pipeline_info(st_dir) if st_dir else {"pooling": None, "dense": [], "normalize": False}
     pooling = st["pooling"] if mode == "auto" else mode
     if st_dir and pooling:

@@ -153,3 +153,36 @@ def test_appended_pipeline_goes_through_the_stages(tmp_path):
     result = validate_artifact(int8, {"targets": "cos_min=0.9", "latency": False, "max_texts": 48},
                                tmp_path / "report", raise_on_fail=False)
     assert result["passed"] is True, result["checks"]
+
+
+def test_fp16_graph_with_int32_inputs(tmp_path):
+    """An fp16 export with int32 inputs (what Optimum's ``--dtype fp16`` and some runtimes' exports give): the
+    pipeline casts the token states to fp32 and the mask to int64 before pooling."""
+    import onnx
+    from onnxconverter_common import float16
+    from sentence_transformers import SentenceTransformer
+
+    from bertopt.validate.compare import cosine_rows
+
+    hf = build_tiny_family_model(tmp_path / "st", "bert", pooling="lasttoken")
+    path = st_onnx_export(hf, opset=17)
+    model = onnx.load(str(path))
+    for vi in model.graph.input:
+        vi.type.tensor_type.elem_type = onnx.TensorProto.INT32
+    casts = [onnx.helper.make_node("Cast", [vi.name], [vi.name + "_int64"], to=onnx.TensorProto.INT64)
+             for vi in model.graph.input]
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in {vi.name for vi in model.graph.input}:
+                node.input[i] = name + "_int64"
+    model.graph.node.insert(0, casts[0])
+    for cast in casts[1:]:
+        model.graph.node.insert(1, cast)
+    onnx.save(float16.convert_float_to_float16(model, keep_io_types=False), str(path))
+    art = run_stage("export", path, {}, tmp_path / "art")
+    assert {i["dtype"] for i in art.inputs} == {"int32"}
+    assert art.lineage["report"]["max_abs_diff_vs_pytorch"] < 1e-5
+    want = SentenceTransformer(str(hf), device="cpu").encode(TEXTS, batch_size=8)
+    got = Predictor(art, provider="cpu").encode(TEXTS)
+    assert cosine_rows(got, want).min() > 0.9999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
