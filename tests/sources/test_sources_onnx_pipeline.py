@@ -186,3 +186,16 @@ def test_fp16_graph_with_int32_inputs(tmp_path):
     got = Predictor(art, provider="cpu").encode(TEXTS)
     assert cosine_rows(got, want).min() > 0.9999
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_recipe_from_an_onnx_file_says_what_it_appended(tmp_path, cli):
+    hf = build_tiny_family_model(tmp_path / "st", "mpnet", pooling="cls", normalize=False)
+    onnx_file = st_onnx_export(hf)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: st-onnx\nmodel: {onnx_file}\nstages:\n  - export: {{}}\n  - optimize: {{}}\n")
+    code, out, err = cli("run", recipe, "--out", tmp_path / "arts")
+    assert code == 0, err
+    text = " ".join(out.split())
+    # (the folder's path may be folded at the terminal's width)
+    assert "export note: model.onnx outputs token states only; appended the sentence-transformers pipeline of" \
+        in text and "modules.json (cls pooling)" in text
