@@ -359,12 +359,14 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list |
     input_names = family.input_names({"type_vocab_size": info.get("type_vocab_size", 2)})
     task = canonical_task(info.get("task"))
     pipeline = build_sentence_pipeline(path, info, pooling) if task == "embedding" and pooling else None
+    sparse = build_sparse_pipeline(info) if task == "sparse-embedding" else None
 
     class Encoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
             self.pipeline = pipeline
+            self.sparse = sparse
 
         def forward(self, *inputs):
             feeds = dict(zip(input_names, inputs))
@@ -372,12 +374,7 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list |
             if task in ("classification", "rerank", "token-classification"):
                 return (out.logits,)
             if task == "sparse-embedding":
-                mask = feeds["attention_mask"].unsqueeze(-1).to(out.logits.dtype)
-                scores = torch.log1p(torch.relu(out.logits * mask))
-                if info.get("sparse_activation") == "log1p_relu":
-                    scores = torch.log1p(scores)
-                pooled = scores.sum(1) if info.get("sparse_pooling") == "sum" else scores.max(1).values
-                return (pooled,)
+                return (self.sparse(out.logits, feeds["attention_mask"]),)
             hidden = out.last_hidden_state
             if self.pipeline is None:
                 return (hidden,)
@@ -385,6 +382,25 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list |
 
     # the wrapper must be in eval mode too: the exporter restores its training flag on every submodule
     return Encoder().eval()
+
+
+def build_sparse_pipeline(info: dict[str, Any]):
+    """SPLADE's pooling (sentence-transformers' SpladePooling) as a module: (masked-LM logits, attention mask) ->
+    per-vocabulary weights: max (or sum) over real tokens of log(1 + relu(logits)) (log1p twice for
+    ``log1p_relu``)."""
+    torch = require("torch", "torch", "SPLADE pipelines")
+    twice = info.get("sparse_activation") == "log1p_relu"
+    summed = info.get("sparse_pooling") == "sum"
+
+    class SparsePipeline(torch.nn.Module):
+        def forward(self, logits, attention_mask):
+            mask = attention_mask.unsqueeze(-1).to(logits.dtype)
+            scores = torch.log1p(torch.relu(logits * mask))
+            if twice:
+                scores = torch.log1p(scores)
+            return scores.sum(1) if summed else scores.max(1).values
+
+    return SparsePipeline().eval()
 
 
 def build_sentence_pipeline(path: Path, info: dict[str, Any], pooling: str | list, allow_bin: bool = True):

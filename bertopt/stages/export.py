@@ -195,19 +195,21 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
         info["pair_input"] = info["task"] == "rerank"
     if config["max_seq_len"]:
         info["max_seq_len"] = config["max_seq_len"]
-    plan = _sentence_pipeline_plan(source, config, folders, inputs, outputs, info)
-    if plan and plan.get("append"):
-        from bertopt.sources.onnx_pipeline import append_sentence_pipeline
+    plan = _pipeline_plan(source, config, folders, inputs, outputs, info)
+    appended = bool(plan and plan["append"])
+    if appended:
+        from bertopt.sources.onnx_pipeline import append_pipeline
 
-        model = append_sentence_pipeline(model, plan["folder"], info, plan["pooling"],
-                                         token_output=plan["token_output"], mask_input=plan["mask_input"])
+        model = append_pipeline(model, info)
+        if plan["kind"] == "sparse":  # sparse_embedding replaces the (batch, sequence, vocabulary) logits
+            outputs = [o for o in outputs if o["name"] != plan["token_output"]]
         outputs = outputs + [plan["output"]]
         info["primary_output"] = plan["output"]["name"]
     with ArtifactWriter(out_dir, stage=NAME, params=config, source=source.to_manifest(),
                         overwrite=overwrite) as w:
         w.model_info = info
         copy_tokenizer(tok_dir, w.dir / "tokenizer", family=info.get("family"), vocab_size=info.get("vocab_size"))
-        if plan and plan.get("append"):
+        if appended:
             save_onnx(model, w.dir / "model.onnx", external=uses_external_data(source.path))
             w.report["exporter"] = ("import (ONNX file as is, with its external data) + the sentence-transformers "
                                     "pipeline appended (torch.onnx.export, TorchScript)")
@@ -220,9 +222,9 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
                                   "config": str(cfg_dir / "config.json") if cfg_dir else None}
         if plan:
             w.report["notes"] = [plan["note"]]
-            w.report["sentence_pipeline"] = {k: plan.get(k) for k in ("pooling", "dense", "normalize", "from")}
-        if plan and plan.get("append"):
-            diff = _pipeline_diff_vs_pytorch(w, plan, info)
+        if appended:
+            w.report["sentence_pipeline"] = plan["recorded"]
+            diff = _pipeline_diff_vs_pytorch(w, source.path, info)
             w.report["max_abs_diff_vs_pytorch"] = diff
             if not diff <= config["check_tolerance"]:
                 raise UserError(f"the appended sentence-transformers pipeline differs from PyTorch by {diff:.3g} "
@@ -230,15 +232,20 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
     return w.artifact
 
 
-def _sentence_pipeline_plan(source, config, folders, inputs, outputs, info) -> dict | None:
-    """What to do about sentence pooling for an imported graph: None when it computes something else or already
-    pools; else the pooling to append (the folder's sentence-transformers pipeline, ``--pooling``, or mean) with
-    the note the report and the CLI show, or (``--pooling none``) a note that it stays per token."""
-    from bertopt.sources.hf import dense_weights_file, sentence_pipeline_info
-
+def _pipeline_plan(source, config, folders, inputs, outputs, info) -> dict | None:
+    """What to append to an imported graph that stops before its sentence-transformers pipeline: None when it
+    computes its task's output already; else the plan (``append``, ``kind`` sentence or sparse, the output spec,
+    the note the report and the CLI show), recorded in ``info`` (``sentence_pipeline``, pooling, Dense,
+    Normalize or SPLADE settings) for the appending and for validation's reference."""
     pooled = [o for o in outputs if o["kind"] in ("embedding", "sparse", "logits", "score", "token-logits")]
+    mlm = next((o for o in outputs if o["kind"] == "mlm-logits"), None)
     token = next((o for o in outputs if o["kind"] == "token"), None)
     mode = config["pooling"]
+    # the pipeline sits with the model's files: beside the ONNX file or above it, whatever --tokenizer names
+    places = list(dict.fromkeys(folders + [source.path.parent, source.path.parent.parent]))
+    st_dir = next((f for f in places if (f / "modules.json").exists()), None)
+    if mlm is not None:
+        return _sparse_plan(source, config, inputs, info, mlm, st_dir)
     if pooled or token is None or info["task"] != "embedding":
         if mode not in ("auto", "none"):
             what = ", ".join(o["name"] for o in pooled) or "no token states"
@@ -246,17 +253,13 @@ def _sentence_pipeline_plan(source, config, folders, inputs, outputs, info) -> d
         return None
     name = source.path.name
     if mode == "none":
-        return {"append": False, "from": None, "pooling": None, "dense": [], "normalize": False,
+        return {"append": False, "kind": "sentence",
                 "note": f"{name} outputs token states only ({token['name']}); kept per token (--pooling none): "
                         "encode() and the servers' embeddings need a pooled output, so run() it or export again "
                         "without --pooling none"}
-    mask = next((i["name"] for i in inputs if i["role"] == "attention_mask"), None)
-    if mask is None:
-        raise UserError(f"{source.path} has no attention_mask input, which sentence pooling needs; re-export it "
-                        "with attention_mask, or pass --pooling none for the token states only")
-    # the pipeline sits with the model's files: beside the ONNX file or above it, whatever --tokenizer names
-    places = list(dict.fromkeys(folders + [source.path.parent, source.path.parent.parent]))
-    st_dir = next((f for f in places if (f / "modules.json").exists()), None)
+    from bertopt.sources.hf import dense_weights_file, sentence_pipeline_info
+
+    mask = _mask_input(source, inputs)
     st = sentence_pipeline_info(st_dir) if st_dir else {"pooling": None, "dense": [], "normalize": False}
     pooling = st["pooling"] if mode == "auto" else mode
     if st_dir and pooling:
@@ -285,11 +288,55 @@ def _sentence_pipeline_plan(source, config, folders, inputs, outputs, info) -> d
     dim = st["dense"][-1]["out_features"] if st["dense"] else (width or "dim")
     output = {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", dim], "kind": "embedding",
               "pooling": pooling, "normalized": bool(st["normalize"])}
-    info["sentence_pipeline"] = {"folder": str(st_dir) if st_dir else None, "token_output": token["name"],
-                                 "mask_input": mask}
-    return {"append": True, "folder": st_dir, "from": str(st_dir / "modules.json") if st_dir else None,
-            "pooling": pooling, "dense": st["dense"], "normalize": st["normalize"], "token_output": token["name"],
-            "mask_input": mask, "output": output, "note": note}
+    info["sentence_pipeline"] = {"kind": "sentence", "folder": str(st_dir) if st_dir else None,
+                                 "token_output": token["name"], "mask_input": mask}
+    return {"append": True, "kind": "sentence", "token_output": token["name"], "output": output, "note": note,
+            "recorded": {"from": str(st_dir / "modules.json") if st_dir else None, "pooling": pooling,
+                         "dense": st["dense"], "normalize": st["normalize"]}}
+
+
+def _mask_input(source, inputs) -> str:
+    mask = next((i["name"] for i in inputs if i["role"] == "attention_mask"), None)
+    if mask is None:
+        raise UserError(f"{source.path} has no attention_mask input, which sentence pooling needs; re-export it "
+                        "with attention_mask, or pass --pooling none for the token states only")
+    return mask
+
+
+_SPLADE_POOLINGS, _SPLADE_ACTIVATIONS = ("max", "sum"), ("relu", "log1p_relu")
+
+
+def _sparse_plan(source, config, inputs, info, mlm, st_dir) -> dict:
+    """A SparseEncoder's export (masked-LM logits): its SpladePooling appended, from the folder's modules.json or
+    (``--task sparse-embedding``) SPLADE's default max of log(1 + relu)."""
+    from bertopt.sources.hf import _module_config, _st_modules
+
+    splade = [m for m in (_st_modules(st_dir) if st_dir else []) if m.get("type", "").endswith("SpladePooling")]
+    if not splade and config.get("task") != "sparse-embedding":
+        raise UserError(f"{source.path} outputs masked-LM logits (one per vocabulary entry and token) and no SPLADE "
+                        "modules.json (SpladePooling) is beside it; pass --task sparse-embedding for SPLADE pooling, "
+                        "or export a model with the head you want")
+    if config["pooling"] not in ("auto", "none"):
+        raise UserError(f"--pooling {config['pooling']} is for sentence embeddings; {source.path} is a masked-LM "
+                        "(SPLADE) model, drop --pooling")
+    cfg = _module_config(st_dir, splade[0]) if splade else {}
+    strategy, activation = cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu")
+    if strategy not in _SPLADE_POOLINGS or activation not in _SPLADE_ACTIVATIONS:
+        raise UserError(f"{st_dir / splade[0].get('path', '')}: SpladePooling {strategy} / {activation} is not "
+                        f"supported; bertopt supports pooling {', '.join(_SPLADE_POOLINGS)} with activation "
+                        f"{', '.join(_SPLADE_ACTIVATIONS)}")
+    mask = _mask_input(source, inputs)
+    vocab = mlm["shape"][-1]
+    info.update(task="sparse-embedding", sparse_pooling=strategy, sparse_activation=activation,
+                sentence_pipeline={"kind": "sparse", "folder": str(st_dir) if st_dir else None,
+                                   "token_output": mlm["name"], "mask_input": mask})
+    where = f"the SpladePooling of {st_dir / 'modules.json'}" if splade else "SPLADE pooling (--task sparse-embedding)"
+    note = (f"{source.path.name} outputs masked-LM logits; appended {where} ({strategy} over tokens of "
+            f"{'log(1 + log(1 + relu))' if activation == 'log1p_relu' else 'log(1 + relu)'}), output sparse_embedding")
+    return {"append": True, "kind": "sparse", "token_output": mlm["name"], "note": note,
+            "output": {"name": "sparse_embedding", "dtype": "float32", "shape": ["batch", vocab], "kind": "sparse"},
+            "recorded": {"from": str(st_dir / "modules.json") if splade else None, "pooling": strategy,
+                         "activation": activation}}
 
 
 def _pipeline_words(pooling, st) -> str:
@@ -300,24 +347,30 @@ def _pipeline_words(pooling, st) -> str:
     return ", ".join(parts)
 
 
-def _pipeline_diff_vs_pytorch(writer, plan, info) -> float:
-    """The appended graph part against sentence-transformers' modules in PyTorch, both on the ONNX's own token
-    states (each text alone, its real tokens only) of real sentences: the worst elementwise difference."""
+def _pipeline_diff_vs_pytorch(writer, source_file: Path, info) -> float:
+    """The appended graph part against the same sentence-transformers modules in PyTorch, both on the source
+    graph's own token states (or logits) of real sentences, each text alone: the worst elementwise difference."""
     import numpy as np
     import torch
 
     from bertopt.data import corpus
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import build_sentence_pipeline
+    from bertopt.runtime.backends import open_model
+    from bertopt.sources.onnx_pipeline import PIPELINE_OUTPUTS, pipeline_module
 
-    out = Predictor(writer.staged(), provider="cpu").run(corpus()[:48],
-                                                         outputs=[plan["token_output"], "sentence_embedding"])
-    head = build_sentence_pipeline(plan["folder"] or Path("."), info, plan["pooling"], allow_bin=False)
+    recorded = info["sentence_pipeline"]
+    output = PIPELINE_OUTPUTS[recorded["kind"]]
+    predictor = Predictor(writer.staged(), provider="cpu")
+    original = open_model(source_file, provider="cpu")
+    head = pipeline_module(info)
     worst = 0.0
     with torch.no_grad():
-        for states, got in zip(out[plan["token_output"]], out["sentence_embedding"]):
-            hidden = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))[None]
-            want = head(hidden, torch.ones(1, hidden.shape[1], dtype=torch.long))[0].numpy()
+        for text in corpus()[:48]:
+            feeds, _ = predictor.feeds_for(predictor.tokenize([text]))
+            states = original.run([recorded["token_output"]], feeds)[0]
+            got = predictor.run_batch(feeds, [output])[output]
+            mask = torch.from_numpy(np.asarray(feeds[recorded["mask_input"]], dtype=np.int64))
+            want = head(torch.from_numpy(np.asarray(states, dtype=np.float32)), mask).numpy()
             diff = float(np.max(np.abs(got - want)))
             if not np.isfinite(diff):
                 return float("inf")

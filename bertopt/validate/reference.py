@@ -82,15 +82,12 @@ def _onnx_with_pipeline(path: Path, info: dict, appended: dict):
 
     import onnx
 
-    from bertopt.sources.onnx_pipeline import append_sentence_pipeline
+    from bertopt.sources.onnx_pipeline import append_pipeline
 
-    model = onnx.load(str(path))
-    folder = Path(appended["folder"]) if appended.get("folder") else None
-    if folder is not None and not folder.exists():
-        raise UserError(f"the sentence-transformers folder recorded in the artifact ({folder}) is gone; "
+    if appended.get("folder") and not Path(appended["folder"]).exists():
+        raise UserError(f"the sentence-transformers folder recorded in the artifact ({appended['folder']}) is gone; "
                         "name a reference with --reference")
-    merged = append_sentence_pipeline(model, folder, info, info["pooling"], token_output=appended["token_output"],
-                                      mask_input=appended["mask_input"])
+    merged = append_pipeline(onnx.load(str(path)), info)
     if merged.ByteSize() < 1_800_000_000:
         return None, merged.SerializeToString()
     scratch = Path(tempfile.mkdtemp(prefix="bertopt-ref-")) / "model.onnx"

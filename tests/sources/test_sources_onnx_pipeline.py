@@ -23,16 +23,19 @@ TEXTS = [t for t in corpus() if t][:40] + mixed_text()[:8]
 TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
 
 
-def st_onnx_export(hf, opset: int = 14, external: bool = False):
+def st_onnx_export(hf, opset: int = 14, external: bool = False, fill_mask: bool = False):
     """What ``SentenceTransformer(folder, backend="onnx").save(folder)`` writes (through Optimum's
     ``feature-extraction`` export): ``<folder>/onnx/model.onnx``, the bare AutoModel with the family's inputs
     (input_ids, attention_mask [, token_type_ids]), one output ``last_hidden_state``, Optimum's dynamic axis
-    names, opset 14 by default; ``external`` keeps the weights in ``model.onnx_data`` (models over 2 GB)."""
+    names, opset 14 by default; ``external`` keeps the weights in ``model.onnx_data`` (models over 2 GB);
+    ``fill_mask``: a SparseEncoder's export (Optimum's ``fill-mask``), the masked-LM head's ``logits``."""
     import onnx
     import torch
     import transformers
 
-    model = transformers.AutoModel.from_pretrained(hf, attn_implementation="eager").eval()
+    cls = transformers.AutoModelForMaskedLM if fill_mask else transformers.AutoModel
+    model = cls.from_pretrained(hf, attn_implementation="eager").eval()
+    output = "logits" if fill_mask else "last_hidden_state"
     names = family_for_config(model.config.to_dict()).input_names(model.config.to_dict())
 
     class FeatureExtraction(torch.nn.Module):
@@ -41,19 +44,19 @@ def st_onnx_export(hf, opset: int = 14, external: bool = False):
             self.model = model
 
         def forward(self, *args):
-            return self.model(**dict(zip(names, args))).last_hidden_state
+            return getattr(self.model(**dict(zip(names, args))), output)
 
     path = hf / "onnx" / "model.onnx"
     path.parent.mkdir(exist_ok=True)
-    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names + ["last_hidden_state"]}
+    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names + [output]}
     with torch.no_grad():
         torch.onnx.export(FeatureExtraction().eval(), tuple(torch.ones(2, 8, dtype=torch.long) for _ in names),
-                          str(path), input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                          str(path), input_names=names, output_names=[output], dynamic_axes=axes,
                           opset_version=opset, dynamo=False)
     if external:
         onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                   location="model.onnx_data", size_threshold=0)
-    assert [o.name for o in onnx.load(str(path), load_external_data=False).graph.output] == ["last_hidden_state"]
+    assert [o.name for o in onnx.load(str(path), load_external_data=False).graph.output] == [output]
     return path
 
 
@@ -216,3 +219,33 @@ def test_real_minilm_onnx_export_equals_sentence_transformers(tmp_path):
     art = run_stage("export", st_onnx_export(folder), {}, tmp_path / "art")
     assert art.outputs[-1]["pooling"] == "mean" and art.outputs[-1]["normalized"] is True
     np.testing.assert_allclose(Predictor(art, provider="cpu").encode(texts), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_sparse_encoder_onnx_gets_its_splade_pooling(family, tmp_path, cli):
+    """A SparseEncoder saved with backend="onnx": onnx/model.onnx outputs the masked-LM logits; the folder's
+    SpladePooling is appended and the artifact's sparse_embedding equals SparseEncoder.encode."""
+    from sentence_transformers import SparseEncoder
+
+    from bertopt.validate.reference import reference_predictor
+
+    hf = build_tiny_family_model(tmp_path / "splade", family, "sparse-embedding")
+    want = SparseEncoder(str(hf), device="cpu").encode(TEXTS, batch_size=8, convert_to_tensor=True).to_dense().numpy()
+    onnx_file = st_onnx_export(hf, fill_mask=True)
+    art = run_stage("export", onnx_file, {}, tmp_path / "art")
+    vocab = art.model_info["vocab_size"]
+    assert [(o["name"], o["kind"], o["shape"]) for o in art.outputs] == [("sparse_embedding", "sparse",
+                                                                         ["batch", vocab])]
+    assert (art.model_info["task"], art.model_info["primary_output"]) == ("sparse-embedding", "sparse_embedding")
+    assert art.lineage["report"]["max_abs_diff_vs_pytorch"] < 1e-5
+    got = Predictor(art, provider="cpu").run(TEXTS)["sparse_embedding"]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(reference_predictor(art).run(TEXTS)["sparse_embedding"], want, atol=1e-5)
+    # without its modules.json the logits are refused unless --task sparse-embedding asks for SPLADE's default
+    (hf / "modules.json").unlink()
+    code, _, err = cli("export", onnx_file, "--out", tmp_path / "refused")
+    assert code == 2 and "outputs masked-LM logits" in err and "pass --task sparse-embedding" in err
+    assert not (tmp_path / "refused").exists()
+    code, out, err = cli("export", onnx_file, "--out", tmp_path / "asked", "--task", "sparse-embedding")
+    assert code == 0, err
+    assert "appended SPLADE pooling (--task sparse-embedding)" in " ".join(out.split())
