@@ -18,9 +18,10 @@ from typing import Any
 from bertopt.errors import UserError, require
 
 _PREFIX = "sentence_pipeline/"
-# the TorchScript exporter writes these opsets (its pooling ops differ between versions, so the appended part is
-# exported at the encoder's own opset)
-_EXPORTER_OPSETS = range(9, 21)
+# the TorchScript exporter writes opsets 9-20; the appended part is exported at the encoder's own opset (reduce
+# ops changed signature at 13 and 18), or at 20 for a newer graph (the ops pooling uses have kept their meaning
+# since; the import's self-check runs the joined graph in ONNX Runtime)
+_LOWEST_OPSET, _HIGHEST_EXPORTED_OPSET = 9, 20
 # what is appended -> the graph output it adds
 PIPELINE_OUTPUTS = {"sentence": "sentence_embedding", "sparse": "sparse_embedding"}
 
@@ -67,9 +68,9 @@ def append_pipeline(model, info: dict[str, Any], allow_bin: bool = False):
         raise UserError(f"the ONNX output {token_output} does not say its width and no config.json beside the file "
                         "does either; put the model's config.json next to the ONNX file")
     opset = onnx_opset(model)
-    if opset not in _EXPORTER_OPSETS:
-        raise UserError(f"the ONNX model uses opset {opset}; bertopt appends sentence-transformers pooling at opsets "
-                        f"{_EXPORTER_OPSETS[0]}-{_EXPORTER_OPSETS[-1]}; re-export it at opset 17")
+    if opset < _LOWEST_OPSET:
+        raise UserError(f"the ONNX model uses opset {opset}; bertopt appends sentence-transformers pooling from opset "
+                        f"{_LOWEST_OPSET}; re-export it at opset 17")
     taken = {n for node in graph.node for n in node.output} | {i.name for i in graph.initializer} \
         | {i.name for i in graph.input} | {o.name for o in graph.output}
     if output_name in taken:
@@ -80,7 +81,8 @@ def append_pipeline(model, info: dict[str, Any], allow_bin: bool = False):
     buffer = io.BytesIO()
     with torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(head, (torch.randn(2, 8, int(width)), dummy_mask), buffer,
-                          input_names=["hidden", "attention_mask"], output_names=[output_name], opset_version=opset,
+                          input_names=["hidden", "attention_mask"], output_names=[output_name],
+                          opset_version=min(opset, _HIGHEST_EXPORTED_OPSET),
                           dynamo=False, do_constant_folding=True,
                           dynamic_axes={"hidden": {0: "batch", 1: "sequence"},
                                         "attention_mask": {0: "batch", 1: "sequence"}, output_name: {0: "batch"}})
