@@ -144,8 +144,8 @@ def test_pooling_option_overrides_or_keeps_tokens(tmp_path, cli):
 
 
 def test_appended_pipeline_goes_through_the_stages(tmp_path):
-    """optimize fuses the encoder with the pipeline behind it; int8 and the gate run against the source file plus
-    the same pipeline (validate's default reference)."""
+    """optimize fuses the encoder with the pipeline behind it, OpenVINO reads the joined graph; int8 and the gate run
+    against the source file plus the same pipeline (validate's default reference)."""
     from bertopt.validate.compare import cosine_rows
     from bertopt.validate.gate import validate_artifact
 
@@ -155,8 +155,10 @@ def test_appended_pipeline_goes_through_the_stages(tmp_path):
     opt = run_stage("optimize", art, {}, tmp_path / "opt")
     assert opt.manifest["lineage"]["report"]["fused_ops"].get("SkipLayerNormalization")
     int8 = run_stage("quantize", opt, {"mode": "int8-dynamic"}, tmp_path / "int8")
+    ov = run_stage("compile", art, {"runtime": "openvino", "inference_precision": "f32"}, tmp_path / "ov")
     ref = hf_reference(hf).encode(TEXTS)
     assert cosine_rows(Predictor(opt, provider="cpu").encode(TEXTS), ref).min() > 0.99999
+    assert cosine_rows(Predictor(ov).encode(TEXTS), ref).min() > 0.99999
     result = validate_artifact(int8, {"targets": "cos_min=0.9", "latency": False, "max_texts": 48},
                                tmp_path / "report", raise_on_fail=False)
     assert result["passed"] is True, result["checks"]
