@@ -78,7 +78,8 @@ def _print_stage_result(art) -> None:
                      f"{before.get('initializers', '-')} -> {after.get('initializers', '-')}")
     if rep.get("fused_ops"):
         lines.append("  fused: " + ", ".join(f"{k} x{v}" for k, v in rep["fused_ops"].items()))
-    for key in ("max_abs_diff_vs_pytorch", "max_abs_diff_vs_parent", "max_abs_diff_vs_source"):
+    for key in ("max_abs_diff_vs_pytorch", "max_abs_diff_pipeline_vs_pytorch", "max_abs_diff_vs_parent",
+                "max_abs_diff_vs_source"):
         if key in rep:
             lines.append(f"  {key.replace('_', ' ')}: {rep[key]:.3g}")
     acc = rep.get("accuracy_vs_parent", {})

@@ -95,7 +95,7 @@ def test_sentence_transformers_onnx_gets_its_pipeline(family, pooling, dense, no
     fam = family_for_config(json.loads((hf / "config.json").read_text())).name  # xlm-roberta is a roberta
     assert (info["task"], info["primary_output"], info["family"]) == ("embedding", "sentence_embedding", fam)
     report = art.lineage["report"]
-    assert report["max_abs_diff_vs_pytorch"] < 1e-5
+    assert report["max_abs_diff_pipeline_vs_pytorch"] < 1e-5
     assert f"appended the sentence-transformers pipeline of {hf / 'modules.json'}" in report["notes"][0]
     got = Predictor(art, provider="cpu").encode(TEXTS)
     np.testing.assert_allclose(got, want, atol=1e-5)
@@ -190,7 +190,7 @@ def test_fp16_graph_with_int32_inputs(tmp_path):
     onnx.save(float16.convert_float_to_float16(model, keep_io_types=False), str(path))
     art = run_stage("export", path, {}, tmp_path / "art")
     assert {i["dtype"] for i in art.inputs} == {"int32"}
-    assert art.lineage["report"]["max_abs_diff_vs_pytorch"] < 1e-5
+    assert art.lineage["report"]["max_abs_diff_pipeline_vs_pytorch"] < 1e-5
     want = SentenceTransformer(str(hf), device="cpu").encode(TEXTS, batch_size=8)
     got = Predictor(art, provider="cpu").encode(TEXTS)
     assert cosine_rows(got, want).min() > 0.9999
@@ -243,7 +243,7 @@ def test_sparse_encoder_onnx_gets_its_splade_pooling(family, tmp_path, cli):
     assert [(o["name"], o["kind"], o["shape"]) for o in art.outputs] == [("sparse_embedding", "sparse",
                                                                          ["batch", vocab])]
     assert (art.model_info["task"], art.model_info["primary_output"]) == ("sparse-embedding", "sparse_embedding")
-    assert art.lineage["report"]["max_abs_diff_vs_pytorch"] < 1e-5
+    assert art.lineage["report"]["max_abs_diff_pipeline_vs_pytorch"] < 1e-5
     got = Predictor(art, provider="cpu").run(TEXTS)["sparse_embedding"]
     np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_allclose(reference_predictor(art).run(TEXTS)["sparse_embedding"], want, atol=1e-5)
