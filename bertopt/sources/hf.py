@@ -199,9 +199,22 @@ def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
     st_cfg = path / "sentence_bert_config.json"
     if st_cfg.exists():
         info["max_seq_len"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+    if modules and not info.get("max_seq_len"):
+        # sentence-transformers 5+ saves the limit as the tokenizer's model_max_length, not in
+        # sentence_bert_config.json (transformers writes ~1e30 there for "no limit")
+        info["max_seq_len"] = _tokenizer_max_length(path)
     if info.get("max_seq_len"):
         info["max_seq_len"] = min(int(info["max_seq_len"]), info["max_position_embeddings"])
     return info
+
+
+def _tokenizer_max_length(path: Path) -> int | None:
+    file = path / "tokenizer_config.json"
+    try:
+        value = json.loads(file.read_text()).get("model_max_length") if file.exists() else None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{file} is not valid JSON ({exc}); re-save the tokenizer") from None
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
 # -- tokenizer -----------------------------------------------------------------------------------------------

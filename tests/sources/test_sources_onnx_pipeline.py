@@ -81,7 +81,9 @@ def test_sentence_transformers_onnx_gets_its_pipeline(family, pooling, dense, no
 
     from bertopt.validate.reference import reference_predictor
 
-    hf = build_tiny_family_model(tmp_path / "st", family, pooling=pooling, dense=dense, normalize=normalize)
+    built = build_tiny_family_model(tmp_path / "built", family, pooling=pooling, dense=dense, normalize=normalize)
+    hf = tmp_path / "st"  # the folder as sentence-transformers 6 itself saves it (module names, configs, limits)
+    SentenceTransformer(str(built), device="cpu").save(str(hf))
     want = SentenceTransformer(str(hf), device="cpu").encode(TEXTS, batch_size=8)
     onnx_file = st_onnx_export(hf, opset=opset, external=external)
     art = run_stage("export", onnx_file, {}, tmp_path / "art")
@@ -92,6 +94,7 @@ def test_sentence_transformers_onnx_gets_its_pipeline(family, pooling, dense, no
     out = art.outputs[1]
     assert (out["pooling"], out["normalized"]) == (pooling, normalize)
     info = art.model_info
+    assert info["max_seq_len"] == 64  # saved as the tokenizer's model_max_length, not in sentence_bert_config.json
     fam = family_for_config(json.loads((hf / "config.json").read_text())).name  # xlm-roberta is a roberta
     assert (info["task"], info["primary_output"], info["family"]) == ("embedding", "sentence_embedding", fam)
     report = art.lineage["report"]
@@ -255,3 +258,20 @@ def test_sparse_encoder_onnx_gets_its_splade_pooling(family, tmp_path, cli):
     code, out, err = cli("export", onnx_file, "--out", tmp_path / "asked", "--task", "sparse-embedding")
     assert code == 0, err
     assert "appended SPLADE pooling (--task sparse-embedding)" in " ".join(out.split())
+
+
+def test_folder_saved_by_sentence_transformers_keeps_its_length_limit(tmp_path):
+    """sentence-transformers 5+ saves max_seq_length as the tokenizer's model_max_length; the Hugging Face export
+    truncates there too, so long texts encode like SentenceTransformer.encode."""
+    from sentence_transformers import SentenceTransformer
+
+    built = build_tiny_family_model(tmp_path / "built", "bert", pooling="mean")
+    SentenceTransformer(str(built), device="cpu").save(str(tmp_path / "st"))
+    st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert st.max_seq_length == 64
+    assert "max_seq_length" not in (tmp_path / "st" / "sentence_bert_config.json").read_text()
+    long_texts = [t for t in mixed_text() if len(t.split()) > 80][:8]
+    assert long_texts
+    art = run_stage("export", tmp_path / "st", {}, tmp_path / "art")
+    assert art.model_info["max_seq_len"] == 64
+    np.testing.assert_allclose(Predictor(art, provider="cpu").encode(long_texts), st.encode(long_texts), atol=1e-5)
