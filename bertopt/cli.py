@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.params import typer_parameters
@@ -77,7 +78,8 @@ def _print_stage_result(art) -> None:
                      f"{before.get('initializers', '-')} -> {after.get('initializers', '-')}")
     if rep.get("fused_ops"):
         lines.append("  fused: " + ", ".join(f"{k} x{v}" for k, v in rep["fused_ops"].items()))
-    for key in ("max_abs_diff_vs_pytorch", "max_abs_diff_vs_parent", "max_abs_diff_vs_source"):
+    for key in ("max_abs_diff_vs_pytorch", "max_abs_diff_pipeline_vs_pytorch", "max_abs_diff_vs_parent",
+                "max_abs_diff_vs_source"):
         if key in rep:
             lines.append(f"  {key.replace('_', ' ')}: {rep[key]:.3g}")
     acc = rep.get("accuracy_vs_parent", {})
@@ -85,6 +87,8 @@ def _print_stage_result(art) -> None:
         if "cos_min" in s:
             lines.append(f"  {name} vs input: cos mean {s['cos_mean']:.6f} min {s['cos_min']:.6f}, "
                          f"max abs {s['max_abs']:.3g}")
+    for note in rep.get("notes") or []:
+        lines.append(f"  [yellow]note[/]: {escape(note)}")
     if rep.get("kept_fp32_nodes"):
         lines.append(f"  kept fp32: {len(rep['kept_fp32_nodes'])} nodes")
     console.print("\n".join(lines))

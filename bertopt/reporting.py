@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 err_console = Console(stderr=True)
@@ -29,6 +30,9 @@ def print_recipe_summary(result, console) -> None:
         table.add_row(lin.get("stage", ""), art.path.name, art.precision, f"{art.size_bytes() / 1e6:.1f}",
                       str(nodes), f"{lin.get('wall_time_s', 0):.1f}", notes)
     console.print(table)
+    for art in result.artifacts:  # what a stage decided for the user (an import's appended pooling) is said
+        for note in art.lineage.get("report", {}).get("notes") or []:
+            console.print(f"{art.lineage.get('stage', '')} [yellow]note[/]: {escape(note)}")
     cmp = result.comparison
     if cmp:
         t = Table(title=f"{result.final.path.name} vs the original ({cmp['reference']['framework']}) on the "

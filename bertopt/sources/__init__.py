@@ -91,6 +91,27 @@ def detect_kind(path: Path) -> str | None:
     return None
 
 
+def _refuse_other_exports(path: Path) -> None:
+    """One line for what other tools save that bertopt does not read directly: sentence-transformers' OpenVINO
+    export (``openvino/openvino_model.xml`` + ``.bin``) and a folder holding only an ``onnx/`` export."""
+    folder = path.parent if path.is_file() else path
+    xml = path if path.is_file() and path.suffix == ".xml" else next(
+        (p for p in (path / "openvino_model.xml", path / "openvino" / "openvino_model.xml") if p.exists()), None)
+    if xml is not None and xml.with_suffix(".bin").exists():
+        root = folder.parent if folder.name == "openvino" else folder
+        onnx_files = sorted((root / "onnx").glob("*.onnx")) + sorted(root.glob("*.onnx"))
+        instead = f"give {onnx_files[0]}" if onnx_files else \
+            "export it to ONNX (SentenceTransformer(folder, backend='onnx').save(folder)) and give onnx/model.onnx"
+        if _has_hf_weights(root):
+            instead += f" or the Hugging Face folder {root}"
+        raise UserError(f"{xml} is an OpenVINO IR (an OpenVINO export); bertopt artifacts hold ONNX and run it on "
+                        f"OpenVINO themselves (bertopt compile --runtime openvino): {instead}")
+    onnx_files = sorted((path / "onnx").glob("*.onnx")) if path.is_dir() else []
+    if onnx_files and (path / "config.json").exists():
+        raise UserError(f"{path} holds an ONNX export but no PyTorch weights; give the ONNX file itself: "
+                        f"bertopt export {onnx_files[0]}")
+
+
 def resolve_source(spec: str | os.PathLike) -> Source:
     """Turn a user's model argument into a Source, or raise a one-line error saying what is wrong."""
     text = str(spec)
@@ -102,6 +123,7 @@ def resolve_source(spec: str | os.PathLike) -> Source:
                         "Google BERT checkpoint folder, .onnx file, or builtin:minilm)")
     kind = detect_kind(path)
     if kind is None:
+        _refuse_other_exports(path)
         if path.is_dir() and (path / "config.json").exists():
             raise UserError(f"{path} has a config.json but no PyTorch weights (model.safetensors or "
                             "pytorch_model.bin); save the model with save_pretrained() and try again")

@@ -94,6 +94,28 @@ def _dense_info(path: Path, module: dict[str, Any]) -> dict[str, Any]:
             "bias": cfg.get("bias", True), "activation": act}
 
 
+def sentence_pipeline_info(path: Path, modules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What a sentence-transformers folder's ``modules.json`` does after the Transformer: ``pooling`` (a mode,
+    a list of modes, or None without a Pooling module), ``dense`` (each Dense's shape and activation) and
+    ``normalize``. A module bertopt cannot put in a graph is refused with one line."""
+    path = Path(path)
+    modules = _st_modules(path) if modules is None else modules
+    found: dict[str, Any] = {"pooling": None, "dense": [], "normalize": False}
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            modes = _pooling_modes(_module_config(path, module), path / module.get("path", ""))
+            found["pooling"] = modes[0] if len(modes) == 1 else modes
+        elif kind == "Normalize":
+            found["normalize"] = True
+        elif kind == "Dense":
+            found["dense"].append(_dense_info(path, module))
+        elif kind not in ("Transformer", "MLMTransformer", "SpladePooling"):
+            raise UserError(f"{path}: sentence-transformers module {module.get('type')} is not supported; "
+                            "bertopt supports Transformer, Pooling, Dense and Normalize")
+    return found
+
+
 def head_tasks(config: dict[str, Any]) -> set[str]:
     """The tasks the weights' heads allow (embedding always: every head sits on an encoder)."""
     archs = config.get("architectures") or []
@@ -168,18 +190,7 @@ def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
                 or config.get("sbert_ce_default_activation_function") or "torch.nn.modules.activation.Sigmoid"
             info["score_activation"] = "identity" if act.endswith("Identity") else "sigmoid"
     if chosen == "embedding":
-        for module in modules:
-            kind = module.get("type", "").rsplit(".", 1)[-1]
-            if kind == "Pooling":
-                modes = _pooling_modes(_module_config(path, module), path / module.get("path", ""))
-                info["pooling"] = modes[0] if len(modes) == 1 else modes
-            elif kind == "Normalize":
-                info["normalize"] = True
-            elif kind == "Dense":
-                info["dense"].append(_dense_info(path, module))
-            elif kind not in ("Transformer", "MLMTransformer", "SpladePooling"):
-                raise UserError(f"{path}: sentence-transformers module {module.get('type')} is not supported; "
-                                "bertopt supports Transformer, Pooling, Dense and Normalize")
+        info.update(sentence_pipeline_info(path, modules))
     if chosen == "sparse-embedding":
         splade = [m for m in modules if m.get("type", "").endswith("SpladePooling")]
         cfg = _module_config(path, splade[0]) if splade else {}
@@ -188,9 +199,22 @@ def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
     st_cfg = path / "sentence_bert_config.json"
     if st_cfg.exists():
         info["max_seq_len"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+    if modules and not info.get("max_seq_len"):
+        # sentence-transformers 5+ saves the limit as the tokenizer's model_max_length, not in
+        # sentence_bert_config.json (transformers writes ~1e30 there for "no limit")
+        info["max_seq_len"] = _tokenizer_max_length(path)
     if info.get("max_seq_len"):
         info["max_seq_len"] = min(int(info["max_seq_len"]), info["max_position_embeddings"])
     return info
+
+
+def _tokenizer_max_length(path: Path) -> int | None:
+    file = path / "tokenizer_config.json"
+    try:
+        value = json.loads(file.read_text()).get("model_max_length") if file.exists() else None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{file} is not valid JSON ({exc}); re-save the tokenizer") from None
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
 # -- tokenizer -----------------------------------------------------------------------------------------------
@@ -284,19 +308,33 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     return model.eval()
 
 
-def _load_dense(path: Path, dense: dict[str, Any]):
+def dense_weights_file(path: Path, dense: dict[str, Any], allow_bin: bool = True) -> Path:
+    """The file a Dense module's weights load from: ``model.safetensors``, or (``allow_bin``) a
+    ``pytorch_model.bin`` read with ``weights_only=True``; one line when there is none it may read."""
+    folder = Path(path) / dense["path"]
+    if (folder / "model.safetensors").exists():
+        return folder / "model.safetensors"
+    if (folder / "pytorch_model.bin").exists():
+        if allow_bin:
+            return folder / "pytorch_model.bin"
+        raise UserError(f"{folder} keeps its Dense weights in pytorch_model.bin (a pickle), which bertopt does not "
+                        "read beside an ONNX file; re-save the model with safetensors "
+                        "(SentenceTransformer(folder).save(folder, safe_serialization=True)) or export the Hugging "
+                        "Face folder itself")
+    raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; re-save the Dense module")
+
+
+def _load_dense(path: Path, dense: dict[str, Any], allow_bin: bool = True):
     import torch
 
-    folder = path / dense["path"]
+    file = dense_weights_file(path, dense, allow_bin)
     linear = torch.nn.Linear(dense["in_features"], dense["out_features"], bias=dense["bias"])
-    if (folder / "model.safetensors").exists():
+    if file.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        state = load_file(str(folder / "model.safetensors"))
-    elif (folder / "pytorch_model.bin").exists():
-        state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        state = load_file(str(file))
     else:
-        raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; re-save the Dense module")
+        state = torch.load(str(file), map_location="cpu", weights_only=True)
     state = {k.removeprefix("linear."): v for k, v in state.items()}
     linear.load_state_dict(state)
     act = {"identity": torch.nn.Identity(), "tanh": torch.nn.Tanh(), "relu": torch.nn.ReLU(),
@@ -333,15 +371,15 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list |
     family = family_by_name(info.get("family"))
     input_names = family.input_names({"type_vocab_size": info.get("type_vocab_size", 2)})
     task = canonical_task(info.get("task"))
-    modes = [pooling] if isinstance(pooling, str) else list(pooling or [])
-    denses = torch.nn.ModuleList([_load_dense(Path(path), d) for d in info.get("dense") or []]) \
-        if task == "embedding" and pooling is not None else torch.nn.ModuleList()
+    pipeline = build_sentence_pipeline(path, info, pooling) if task == "embedding" and pooling else None
+    sparse = build_sparse_pipeline(info) if task == "sparse-embedding" else None
 
     class Encoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
-            self.denses = denses
+            self.pipeline = pipeline
+            self.sparse = sparse
 
         def forward(self, *inputs):
             feeds = dict(zip(input_names, inputs))
@@ -349,26 +387,60 @@ def build_encoder_module(path: Path, info: dict[str, Any], pooling: str | list |
             if task in ("classification", "rerank", "token-classification"):
                 return (out.logits,)
             if task == "sparse-embedding":
-                mask = feeds["attention_mask"].unsqueeze(-1).to(out.logits.dtype)
-                scores = torch.log1p(torch.relu(out.logits * mask))
-                if info.get("sparse_activation") == "log1p_relu":
-                    scores = torch.log1p(scores)
-                pooled = scores.sum(1) if info.get("sparse_pooling") == "sum" else scores.max(1).values
-                return (pooled,)
+                return (self.sparse(out.logits, feeds["attention_mask"]),)
             hidden = out.last_hidden_state
-            if not modes:
+            if self.pipeline is None:
                 return (hidden,)
-            mask = feeds["attention_mask"]
-            pooled = torch.cat([pool(hidden, mask, m) for m in modes], dim=-1) if len(modes) > 1 \
-                else pool(hidden, mask, modes[0])
-            for dense in self.denses:
-                pooled = dense(pooled)
-            if info.get("normalize"):
-                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
-            return hidden, pooled
+            return hidden, self.pipeline(hidden, feeds["attention_mask"])
 
     # the wrapper must be in eval mode too: the exporter restores its training flag on every submodule
     return Encoder().eval()
+
+
+def build_sparse_pipeline(info: dict[str, Any]):
+    """SPLADE's pooling (sentence-transformers' SpladePooling) as a module: (masked-LM logits, attention mask) ->
+    per-vocabulary weights: max (or sum) over real tokens of log(1 + relu(logits)) (log1p twice for
+    ``log1p_relu``)."""
+    torch = require("torch", "torch", "SPLADE pipelines")
+    twice = info.get("sparse_activation") == "log1p_relu"
+    summed = info.get("sparse_pooling") == "sum"
+
+    class SparsePipeline(torch.nn.Module):
+        def forward(self, logits, attention_mask):
+            mask = attention_mask.unsqueeze(-1).to(logits.dtype)
+            scores = torch.log1p(torch.relu(logits * mask))
+            if twice:
+                scores = torch.log1p(scores)
+            return scores.sum(1) if summed else scores.max(1).values
+
+    return SparsePipeline().eval()
+
+
+def build_sentence_pipeline(path: Path, info: dict[str, Any], pooling: str | list, allow_bin: bool = True):
+    """sentence-transformers' modules after the Transformer as one module: (token states, attention mask) ->
+    sentence embedding: the Pooling mode(s) (several are concatenated), each Dense with its activation, and
+    Normalize when ``info["normalize"]``. The Hugging Face export traces it behind the model; an imported ONNX
+    file gets it appended (``sources.onnx_pipeline``)."""
+    torch = require("torch", "torch", "sentence-transformers pipelines")
+    modes = [pooling] if isinstance(pooling, str) else list(pooling)
+    denses = torch.nn.ModuleList([_load_dense(Path(path), d, allow_bin) for d in info.get("dense") or []])
+    normalize = bool(info.get("normalize"))
+
+    class SentencePipeline(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.denses = denses
+
+        def forward(self, hidden, attention_mask):
+            pooled = torch.cat([pool(hidden, attention_mask, m) for m in modes], dim=-1) if len(modes) > 1 \
+                else pool(hidden, attention_mask, modes[0])
+            for dense in self.denses:
+                pooled = dense(pooled)
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return pooled
+
+    return SentencePipeline().eval()
 
 
 def input_specs(info: dict[str, Any]) -> list[dict[str, Any]]:

@@ -152,14 +152,16 @@ def _onnx_companion_folders(source, config) -> list[Path]:
 def import_onnx(source, config, out_dir: Path, overwrite: bool):
     """An ONNX file (bertopt's, Optimum's, sentence-transformers' own export) as an artifact: inputs and task from
     the graph's names and shapes, family, labels and positions from the config.json beside it, tokenizer from
-    its folder, external data files carried along."""
+    its folder, external data files carried along. A graph that stops at token states gets the folder's
+    sentence-transformers pipeline (modules.json: Pooling, Dense, Normalize) appended, else mean pooling
+    (``--pooling`` picks another, ``none`` keeps the token states only)."""
     import json
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.errors import require
     from bertopt.families import family_for_config
     from bertopt.sources.hf import copy_tokenizer, read_model_info
-    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx
+    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx, save_onnx, uses_external_data
 
     require("onnx", "onnx", "importing ONNX models")
     model = load_onnx(source.path)
@@ -186,20 +188,191 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
             labels = int(next(o for o in outputs if o["name"] == info["primary_output"])["shape"][-1])
             detected.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
                             pair_input=info["task"] == "rerank")
+        detected["hidden_size"] = detected.get("hidden_size") or info["hidden_size"]
         info = detected
     else:
         info["family"] = "bert"
         info["pair_input"] = info["task"] == "rerank"
     if config["max_seq_len"]:
         info["max_seq_len"] = config["max_seq_len"]
+    plan = _pipeline_plan(source, config, folders, inputs, outputs, info)
+    appended = bool(plan and plan["append"])
+    if appended:
+        from bertopt.sources.onnx_pipeline import append_pipeline
+
+        model = append_pipeline(model, info)
+        if plan["kind"] == "sparse":  # sparse_embedding replaces the (batch, sequence, vocabulary) logits
+            outputs = [o for o in outputs if o["name"] != plan["token_output"]]
+        outputs = outputs + [plan["output"]]
+        info["primary_output"] = plan["output"]["name"]
     with ArtifactWriter(out_dir, stage=NAME, params=config, source=source.to_manifest(),
                         overwrite=overwrite) as w:
         w.model_info = info
         copy_tokenizer(tok_dir, w.dir / "tokenizer", family=info.get("family"), vocab_size=info.get("vocab_size"))
-        copy_onnx(source.path, w.dir / "model.onnx")
+        if appended:
+            save_onnx(model, w.dir / "model.onnx", external=uses_external_data(source.path))
+            w.report["exporter"] = ("import (ONNX file as is, with its external data) + the sentence-transformers "
+                                    "pipeline appended (torch.onnx.export, TorchScript)")
+        else:
+            copy_onnx(source.path, w.dir / "model.onnx")
+            w.report["exporter"] = "import (ONNX file copied as is, with its external data)"
         w.set_model("model.onnx", "onnx", inputs, outputs, precision="fp32")
-        w.report["exporter"] = "import (ONNX file copied as is, with its external data)"
         w.report["recognised"] = {"task": info["task"], "inputs": [i["name"] for i in inputs],
                                   "outputs": {o["name"]: o["kind"] for o in outputs},
                                   "config": str(cfg_dir / "config.json") if cfg_dir else None}
+        if plan:
+            w.report["notes"] = [plan["note"]]
+        if appended:
+            w.report["sentence_pipeline"] = plan["recorded"]
+            diff = _pipeline_diff_vs_pytorch(w, source.path, info)
+            w.report["max_abs_diff_pipeline_vs_pytorch"] = diff
+            if not diff <= config["check_tolerance"]:
+                raise UserError(f"the appended sentence-transformers pipeline differs from PyTorch by {diff:.3g} "
+                                f"(> {config['check_tolerance']:g}); please report it, or pass --pooling none")
     return w.artifact
+
+
+def _pipeline_plan(source, config, folders, inputs, outputs, info) -> dict | None:
+    """What to append to an imported graph that stops before its sentence-transformers pipeline: None when it
+    computes its task's output already; else the plan (``append``, ``kind`` sentence or sparse, the output spec,
+    the note the report and the CLI show), recorded in ``info`` (``sentence_pipeline``, pooling, Dense,
+    Normalize or SPLADE settings) for the appending and for validation's reference."""
+    pooled = [o for o in outputs if o["kind"] in ("embedding", "sparse", "logits", "score", "token-logits")]
+    mlm = next((o for o in outputs if o["kind"] == "mlm-logits"), None)
+    token = next((o for o in outputs if o["kind"] == "token"), None)
+    mode = config["pooling"]
+    # the pipeline sits with the model's files: beside the ONNX file or above it, whatever --tokenizer names
+    places = list(dict.fromkeys(folders + [source.path.parent, source.path.parent.parent]))
+    st_dir = next((f for f in places if (f / "modules.json").exists()), None)
+    if mlm is not None:
+        return _sparse_plan(source, config, inputs, info, mlm, st_dir)
+    if pooled or token is None or info["task"] != "embedding":
+        if mode not in ("auto", "none"):
+            what = ", ".join(o["name"] for o in pooled) or "no token states"
+            raise UserError(f"{source.path} outputs {what}, so there is nothing to pool; drop --pooling {mode}")
+        return None
+    name = source.path.name
+    if mode == "none":
+        return {"append": False, "kind": "sentence",
+                "note": f"{name} outputs token states only ({token['name']}); kept per token (--pooling none): "
+                        "encode() and the servers' embeddings need a pooled output, so run() it or export again "
+                        "without --pooling none"}
+    from bertopt.sources.hf import dense_weights_file, sentence_pipeline_info
+
+    mask = _mask_input(source, inputs)
+    st = sentence_pipeline_info(st_dir) if st_dir else {"pooling": None, "dense": [], "normalize": False}
+    pooling = st["pooling"] if mode == "auto" else mode
+    if st_dir and pooling:
+        where = f"the sentence-transformers pipeline of {st_dir / 'modules.json'}"
+        if mode != "auto":
+            where += f" with --pooling {mode}"
+        note = f"{name} outputs token states only; appended {where} ({_pipeline_words(pooling, st)})"
+    elif st_dir:
+        pooling = "mean"
+        note = (f"{name} outputs token states only and {st_dir / 'modules.json'} has no Pooling module; appended "
+                f"mean pooling ({_pipeline_words(pooling, st)}); --pooling picks another, none keeps tokens")
+    elif mode == "auto":
+        pooling = "mean"
+        note = (f"{name} outputs token states only and no sentence-transformers modules.json is beside it; appended "
+                "mean pooling, as for a Hugging Face folder without one (--pooling cls|max|... picks another, "
+                "--pooling none keeps the token states only)")
+    else:
+        note = f"{name} outputs token states only; appended {pooling} pooling (--pooling {mode})"
+    for dense in st["dense"]:
+        dense_weights_file(st_dir, dense, allow_bin=False)  # safetensors only: a .bin is a pickle
+    width = (info.get("hidden_size") or 0) * (len(pooling) if isinstance(pooling, list) else 1)
+    if st["dense"] and width and st["dense"][0]["in_features"] != width:
+        raise UserError(f"{st_dir / st['dense'][0]['path']} takes {st['dense'][0]['in_features']} features but "
+                        f"{pooling} pooling gives {width}; use the model's own pooling (drop --pooling)")
+    info.update(pooling=pooling, dense=st["dense"], normalize=st["normalize"])
+    dim = st["dense"][-1]["out_features"] if st["dense"] else (width or "dim")
+    output = {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", dim], "kind": "embedding",
+              "pooling": pooling, "normalized": bool(st["normalize"])}
+    info["sentence_pipeline"] = {"kind": "sentence", "folder": str(st_dir) if st_dir else None,
+                                 "token_output": token["name"], "mask_input": mask}
+    return {"append": True, "kind": "sentence", "token_output": token["name"], "output": output, "note": note,
+            "recorded": {"from": str(st_dir / "modules.json") if st_dir else None, "pooling": pooling,
+                         "dense": st["dense"], "normalize": st["normalize"]}}
+
+
+def _mask_input(source, inputs) -> str:
+    mask = next((i["name"] for i in inputs if i["role"] == "attention_mask"), None)
+    if mask is None:
+        raise UserError(f"{source.path} has no attention_mask input, which sentence pooling needs; re-export it "
+                        "with attention_mask, or pass --pooling none for the token states only")
+    return mask
+
+
+_SPLADE_POOLINGS, _SPLADE_ACTIVATIONS = ("max", "sum"), ("relu", "log1p_relu")
+
+
+def _sparse_plan(source, config, inputs, info, mlm, st_dir) -> dict:
+    """A SparseEncoder's export (masked-LM logits): its SpladePooling appended, from the folder's modules.json or
+    (``--task sparse-embedding``) SPLADE's default max of log(1 + relu)."""
+    from bertopt.sources.hf import _module_config, _st_modules
+
+    splade = [m for m in (_st_modules(st_dir) if st_dir else []) if m.get("type", "").endswith("SpladePooling")]
+    if not splade and config.get("task") != "sparse-embedding":
+        raise UserError(f"{source.path} outputs masked-LM logits (one per vocabulary entry and token) and no SPLADE "
+                        "modules.json (SpladePooling) is beside it; pass --task sparse-embedding for SPLADE pooling, "
+                        "or export a model with the head you want")
+    if config["pooling"] not in ("auto", "none"):
+        raise UserError(f"--pooling {config['pooling']} is for sentence embeddings; {source.path} is a masked-LM "
+                        "(SPLADE) model, drop --pooling")
+    cfg = _module_config(st_dir, splade[0]) if splade else {}
+    strategy, activation = cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu")
+    if strategy not in _SPLADE_POOLINGS or activation not in _SPLADE_ACTIVATIONS:
+        raise UserError(f"{st_dir / splade[0].get('path', '')}: SpladePooling {strategy} / {activation} is not "
+                        f"supported; bertopt supports pooling {', '.join(_SPLADE_POOLINGS)} with activation "
+                        f"{', '.join(_SPLADE_ACTIVATIONS)}")
+    mask = _mask_input(source, inputs)
+    vocab = mlm["shape"][-1]
+    info.update(task="sparse-embedding", sparse_pooling=strategy, sparse_activation=activation,
+                sentence_pipeline={"kind": "sparse", "folder": str(st_dir) if st_dir else None,
+                                   "token_output": mlm["name"], "mask_input": mask})
+    where = f"the SpladePooling of {st_dir / 'modules.json'}" if splade else "SPLADE pooling (--task sparse-embedding)"
+    note = (f"{source.path.name} outputs masked-LM logits; appended {where} ({strategy} over tokens of "
+            f"{'log(1 + log(1 + relu))' if activation == 'log1p_relu' else 'log(1 + relu)'}), output sparse_embedding")
+    return {"append": True, "kind": "sparse", "token_output": mlm["name"], "note": note,
+            "output": {"name": "sparse_embedding", "dtype": "float32", "shape": ["batch", vocab], "kind": "sparse"},
+            "recorded": {"from": str(st_dir / "modules.json") if splade else None, "pooling": strategy,
+                         "activation": activation}}
+
+
+def _pipeline_words(pooling, st) -> str:
+    parts = [f"{'+'.join(pooling) if isinstance(pooling, list) else pooling} pooling"]
+    parts += [f"Dense {d['in_features']}->{d['out_features']} {d['activation']}" for d in st["dense"]]
+    if st["normalize"]:
+        parts.append("Normalize")
+    return ", ".join(parts)
+
+
+def _pipeline_diff_vs_pytorch(writer, source_file: Path, info) -> float:
+    """The appended graph part against the same sentence-transformers modules in PyTorch, both on the source
+    graph's own token states (or logits) of real sentences, each text alone: the worst elementwise difference."""
+    import numpy as np
+    import torch
+
+    from bertopt.data import corpus
+    from bertopt.runtime import Predictor
+    from bertopt.runtime.backends import open_model
+    from bertopt.sources.onnx_pipeline import PIPELINE_OUTPUTS, pipeline_module
+
+    recorded = info["sentence_pipeline"]
+    output = PIPELINE_OUTPUTS[recorded["kind"]]
+    predictor = Predictor(writer.staged(), provider="cpu")
+    original = open_model(source_file, provider="cpu")
+    head = pipeline_module(info)
+    worst = 0.0
+    with torch.no_grad():
+        for text in corpus()[:48]:
+            feeds, _ = predictor.feeds_for(predictor.tokenize([text]))
+            states = original.run([recorded["token_output"]], feeds)[0]
+            got = predictor.run_batch(feeds, [output])[output]
+            mask = torch.from_numpy(np.asarray(feeds[recorded["mask_input"]], dtype=np.int64))
+            want = head(torch.from_numpy(np.asarray(states, dtype=np.float32)), mask).numpy()
+            diff = float(np.max(np.abs(got - want)))
+            if not np.isfinite(diff):
+                return float("inf")
+            worst = max(worst, diff)
+    return worst

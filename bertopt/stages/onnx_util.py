@@ -143,7 +143,8 @@ def describe_io(model, vocab_size: int | None = None) -> tuple[list[dict], list[
     bertopt, Optimum and sentence-transformers name them: inputs ``input_ids``, ``attention_mask``
     [, ``token_type_ids``]; outputs ``last_hidden_state`` / ``token_embeddings`` (per token),
     ``sentence_embedding`` (pooled), ``logits`` (batch x labels: classification, or one score: rerank;
-    batch x sequence x labels: token classification), ``sparse_embedding``."""
+    batch x sequence x labels: token classification; batch x sequence x vocabulary: masked-LM logits, kind
+    ``mlm-logits``, which the import turns into SPLADE), ``sparse_embedding``."""
     inits = {i.name for i in model.graph.initializer}
     inputs = []
     for vi in model.graph.input:
@@ -166,10 +167,12 @@ def describe_io(model, vocab_size: int | None = None) -> tuple[list[dict], list[
         if vi.name == "logits" or "logit" in vi.name:
             if len(dims) == 3:
                 if vocab_size and last == vocab_size:
-                    raise UserError("the ONNX model outputs masked-LM logits (one per vocabulary entry and token); "
-                                    "export the Hugging Face folder with --task sparse-embedding for SPLADE")
-                task = "token-classification"
-                spec = {"name": vi.name, "shape": ["batch", "sequence", last], "kind": "token-logits"}
+                    # masked-LM logits (a SparseEncoder's export): SPLADE once its pooling is appended
+                    task = "sparse-embedding"
+                    spec = {"name": vi.name, "shape": ["batch", "sequence", last], "kind": "mlm-logits"}
+                else:
+                    task = "token-classification"
+                    spec = {"name": vi.name, "shape": ["batch", "sequence", last], "kind": "token-logits"}
             else:
                 task = "rerank" if last == 1 else "classification"
                 spec = {"name": vi.name, "shape": ["batch", last], "kind": "score" if last == 1 else "logits"}

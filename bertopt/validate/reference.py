@@ -64,11 +64,35 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
         spec = SourceModel(source.path, artifact.tokenizer_path, artifact.inputs, artifact.outputs,
                            artifact.model_info, label=f"onnx:{source.path}")
         spec.model_path = source.path
+        appended = artifact.model_info.get("sentence_pipeline")
+        if appended:  # the import appended the folder's sentence-transformers pipeline: the reference gets it too
+            scratch, spec.model_bytes = _onnx_with_pipeline(source.path, artifact.model_info, appended)
+            spec.model_path = scratch or source.path
         spec.runtime = "onnxruntime"
         spec.model_format = "onnx"
         return Predictor(spec, provider="cpu", threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
                          length_bucketing=length_bucketing)
     raise UserError(f"cannot run a {source.kind} reference")
+
+
+def _onnx_with_pipeline(path: Path, info: dict, appended: dict):
+    """The source ONNX with the same sentence-transformers pipeline the import appended: (None, its bytes), or
+    (a scratch file, None) when it is too large for one protobuf."""
+    import tempfile
+
+    import onnx
+
+    from bertopt.sources.onnx_pipeline import append_pipeline
+
+    if appended.get("folder") and not Path(appended["folder"]).exists():
+        raise UserError(f"the sentence-transformers folder recorded in the artifact ({appended['folder']}) is gone; "
+                        "name a reference with --reference")
+    merged = append_pipeline(onnx.load(str(path)), info)
+    if merged.ByteSize() < 1_800_000_000:
+        return None, merged.SerializeToString()
+    scratch = Path(tempfile.mkdtemp(prefix="bertopt-ref-")) / "model.onnx"
+    onnx.save(merged, str(scratch), save_as_external_data=True, location="model.onnx_data")
+    return scratch, None
 
 
 def _artifact_pooling(artifact) -> str:

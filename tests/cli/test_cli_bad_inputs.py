@@ -56,6 +56,34 @@ class Ctx:
     def ensure_file(self, name: str) -> Path:
         return self.write(name, "not a folder\n")
 
+    def st_onnx_folder(self, name: str = "st", token_states_only: bool = True) -> Path:
+        """sentence-transformers' ONNX layout: the tiny model's folder (config, tokenizer, modules.json) without
+        its PyTorch weights, and ``onnx/model.onnx`` (the tiny artifact's graph; ``token_states_only``: with its
+        one output ``last_hidden_state``, as Optimum's feature-extraction export writes it)."""
+        import onnx
+
+        folder = self.tmp / name
+        shutil.copytree(self.tiny_hf, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+        model = onnx.load(str(self.tiny / "model.onnx"))
+        if token_states_only:
+            keep = [o for o in model.graph.output if o.name == "last_hidden_state"]
+            del model.graph.output[:]
+            model.graph.output.extend(keep)
+        (folder / "onnx").mkdir()
+        onnx.save(model, str(folder / "onnx" / "model.onnx"))
+        return folder
+
+    def st_module(self, folder: Path, module_type: str, config: dict | None = None) -> Path:
+        """``folder``'s modules.json with one more module (its config.json in ``<idx>_<Name>/``)."""
+        modules = json.loads((folder / "modules.json").read_text())
+        idx = len(modules)
+        path = f"{idx}_{module_type.rsplit('.', 1)[-1]}"
+        modules.append({"idx": idx, "name": str(idx), "path": path, "type": module_type})
+        (folder / "modules.json").write_text(json.dumps(modules))
+        (folder / path).mkdir()
+        (folder / path / "config.json").write_text(json.dumps(config or {}))
+        return folder / path
+
     def parquet(self, name: str) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -85,8 +113,57 @@ def _set(key, value):
     return edit
 
 
+def _dense_as_bin(c: Ctx) -> Path:
+    """An ONNX export whose folder's pipeline has a Dense saved as pytorch_model.bin."""
+    import torch
+
+    folder = c.st_onnx_folder()
+    dense = c.st_module(folder, "sentence_transformers.models.Dense",
+                        {"in_features": 32, "out_features": 8, "bias": True,
+                         "activation_function": "torch.nn.modules.activation.Tanh"})
+    linear = torch.nn.Linear(32, 8)
+    torch.save({"linear.weight": linear.weight.detach(), "linear.bias": linear.bias.detach()},
+               str(dense / "pytorch_model.bin"))
+    return folder
+
+
+def _with_module(c: Ctx, module_type: str) -> Path:
+    folder = c.st_onnx_folder()
+    c.st_module(folder, module_type, {"word_embedding_dimension": 32, "hidden_dim": 8})
+    return folder
+
+
+def _openvino_export(c: Ctx) -> Path:
+    """What SentenceTransformer(folder, backend="openvino").save(folder) leaves: openvino/openvino_model.xml + .bin
+    (the IR of the same graph) beside the model's files."""
+    import openvino as ov
+
+    folder = c.st_onnx_folder("ov")
+    (folder / "openvino").mkdir()
+    ov.save_model(ov.convert_model(str(folder / "onnx" / "model.onnx")),
+                  str(folder / "openvino" / "openvino_model.xml"))
+    shutil.rmtree(folder / "onnx")
+    return folder
+
+
 # -- the corpus: (id, setup) ------------------------------------------------------------------------------------
 CASES = {
+    # ONNX from other exporters (sentence-transformers' onnx/ and openvino/ folders, Optimum)
+    "export: ONNX whose Dense weights are a pickle": lambda c: (
+        ["export", _dense_as_bin(c) / "onnx" / "model.onnx", "--out", c.tmp / "o"],
+        "keeps its Dense weights in pytorch_model.bin (a pickle)", [c.tmp / "o"]),
+    "export: ONNX beside an unsupported sentence-transformers module": lambda c: (
+        ["export", _with_module(c, "sentence_transformers.models.LSTM") / "onnx" / "model.onnx", "--out",
+         c.tmp / "o"], "sentence_transformers.models.LSTM is not supported", [c.tmp / "o"]),
+    "export: sentence-transformers' OpenVINO export": lambda c: (
+        ["export", _openvino_export(c) / "openvino" / "openvino_model.xml", "--out", c.tmp / "o"],
+        "is an OpenVINO IR (an OpenVINO export); bertopt artifacts hold ONNX", [c.tmp / "o"]),
+    "export: folder with only an ONNX export": lambda c: (
+        ["export", c.st_onnx_folder(), "--out", c.tmp / "o"], "holds an ONNX export but no PyTorch weights; give "
+         "the ONNX file itself", [c.tmp / "o"]),
+    "export --pooling on an ONNX that pools already": lambda c: (
+        ["export", c.st_onnx_folder(token_states_only=False) / "onnx" / "model.onnx", "--pooling", "cls", "--out",
+         c.tmp / "o"], "so there is nothing to pool; drop --pooling cls", [c.tmp / "o"]),
     # numeric options out of bounds (each parameter declares its bounds once)
     "export --max-seq-len -5": lambda c: (
         ["export", c.tiny_hf, "--max-seq-len", "-5", "--out", c.tmp / "o"], "'max_seq_len' must be at least 1",

@@ -65,7 +65,9 @@ def test_optimum_feature_extraction_layout(family, tmp_path):
     art = run_stage("export", onnx_file, {}, tmp_path / "art")
     assert [i["name"] for i in art.inputs] == (["input_ids", "attention_mask", "token_type_ids"]
                                               if family == "bert" else ["input_ids", "attention_mask"])
-    assert [(o["name"], o["kind"]) for o in art.outputs] == [("last_hidden_state", "token")]
+    # the graph stops at token states; the folder's sentence-transformers pipeline (mean, Normalize) is appended
+    assert [(o["name"], o["kind"]) for o in art.outputs] == [("last_hidden_state", "token"),
+                                                             ("sentence_embedding", "embedding")]
     info = art.model_info
     assert info["task"] == "embedding" and info["family"] == family and info["num_attention_heads"] == 4
     assert info["max_position_embeddings"] == 128  # from the config beside it: RoBERTa's table less its offset
@@ -73,6 +75,8 @@ def test_optimum_feature_extraction_layout(family, tmp_path):
     want = hf_reference(hf, pooling="none").run(TEXTS)["last_hidden_state"]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=1e-4)
+    np.testing.assert_allclose(Predictor(art, provider="cpu").encode(TEXTS), hf_reference(hf).encode(TEXTS),
+                               atol=1e-4)
     # and it goes on through the stages (optimize reads heads and fusion type from the recorded family)
     opt = run_stage("optimize", art, {}, tmp_path / "opt")
     assert opt.manifest["lineage"]["report"]["fused_ops"].get("SkipLayerNormalization")
