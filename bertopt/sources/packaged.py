@@ -135,7 +135,9 @@ class ConcatenatedFiles(io.RawIOBase):
     def readinto(self, buffer) -> int:
         for index, (start, size) in enumerate(zip(self._starts, self._sizes)):
             if start <= self._pos < start + size:
-                handle = self._files.get(index) or self._files.setdefault(index, open(self._paths[index], "rb"))
+                handle = self._files.get(index)
+                if handle is None:
+                    handle = self._files[index] = open(self._paths[index], "rb")
                 handle.seek(self._pos - start)
                 view = memoryview(buffer)[: start + size - self._pos]
                 count = handle.readinto(view)
