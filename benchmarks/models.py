@@ -14,7 +14,7 @@ classification, rerank, SPLADE) run on one family each with the task's own measu
 Artifacts are reused from ``--out`` when present (``--rebuild`` to start over). Timing is interleaved (every
 contender once per round, medians), so a noisy neighbour slows every contender alike.
 
-    python benchmarks/models.py                       # all families, heads, MiniLM
+    python benchmarks/models.py                       # all families, heads, MiniLM, all-mpnet-base-v2
     python benchmarks/models.py --families bert,roberta --no-heads --no-minilm --no-mpnet
 """
 
@@ -212,10 +212,10 @@ agreement, entity F1, NDCG@10 and top-10 term overlap for the heads). Throughput
 of the built-in mixed text, length-bucketed batches of 32, {meta['threads'] or 'all'} threads, median of
 {meta['rounds']} interleaved rounds, as a ratio to the same model in PyTorch bf16 autocast. Machine:
 {meta['machine']}; run took {meta['wall_s']:.0f} s. Random weights (initializer range 0.2) are harder on ONNX
-Runtime's per-tensor dynamic int8 than MiniLM's trained ones (all-mpnet-base-v2 is the exception, below); the
-OpenVINO int8 path (per-token activation groups) is the faithful int8. On models this small PyTorch's bf16
-autocast is slower than its fp32 (per-op overhead), so the ratios are large; compare stages and families within
-the table.{mpnet}
+Runtime's per-tensor dynamic int8 than MiniLM's trained ones (not than every trained model's:
+all-mpnet-base-v2 in `docs/quantization.md`); the OpenVINO int8 path (per-token activation groups) is the
+faithful int8. On models this small PyTorch's bf16 autocast is slower than its fp32 (per-op overhead), so the
+ratios are large; compare stages and families within the table.{mpnet}
 
 ## Best stage per model, against MiniLM
 
