@@ -70,6 +70,9 @@ def parse_request(value: bytes | None, max_texts: int = 256) -> ParsedRequest:
                          aggregation=aggregation)
 
 
+EMBEDDING_PAIRS_ERROR = "an embedding model takes single texts; drop 'pair' / 'pairs'"
+
+
 class ResponseFormat:
     """How results become response fields: an embedding (``embedding`` / ``embeddings``), or a task model's
     results (``result`` / ``results``, as ``Predictor.predict`` gives them; classifiers also ``label(s)``)."""

@@ -35,7 +35,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import UserError, require
-from bertopt.messages import _NO_ID, ParsedRequest, ResponseFormat, parse_request  # noqa: F401  (the bridge's contract)
+from bertopt.messages import (  # noqa: F401  (the bridge's contract)
+    _NO_ID,
+    EMBEDDING_PAIRS_ERROR,
+    ParsedRequest,
+    ResponseFormat,
+    parse_request,
+)
 
 log = logging.getLogger("bertopt.kafka")
 
@@ -236,7 +242,8 @@ class KafkaBridge:
         self.counters = Counters()
         self.stopping = False
         self._failpoint = _parse_failpoint(os.environ.get(FAILPOINT_ENV))
-        self._refuse = getattr(backend, "refuse", None)  # a backend's own limits on texts (spark: no empty text)
+        # a backend's own limits on a request's texts and pairs (spark: no empty text)
+        self._refuse = getattr(backend, "refuse", None)
         consumer_conf, producer_conf = kafka_configs(cfg)
         try:
             self.consumer = self.ck.Consumer(consumer_conf)
@@ -331,7 +338,7 @@ class KafkaBridge:
             commit_to[key] = max(commit_to.get(key, -1), msg.offset() + 1)
             req = parse_request(msg.value(), self.cfg.max_texts_per_request)
             if req.error is None and self._refuse is not None:
-                req.error = self._refuse(req.texts)
+                req.error = self._refuse(req.texts, req.pairs)
             if req.error is not None:
                 self.counters.errors += 1
                 where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
@@ -364,7 +371,7 @@ class KafkaBridge:
         """Embeddings (an array) from an embedding model, else the task results (a list)."""
         if self.format.task == "embedding":
             if pairs is not None:
-                raise UserError("an embedding model takes single texts; drop 'pair' / 'pairs'")
+                raise UserError(EMBEDDING_PAIRS_ERROR)
             return self.backend.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
         return self.backend.predict(texts, pairs, aggregation) if texts else []
 

@@ -5,6 +5,10 @@ then commit); only the "predict" step changes: the batch's texts become a DataFr
 partitions, the column function from ``bertopt.spark.predict_udf`` (``predict_batch_udf``; the model is loaded
 once per Python worker and placed on a GPU or a share of the CPU cores per partition, exactly as in
 ``bertopt spark-predict``) predicts them on the executors, and the driver collects the values in request order.
+Embedding models give their sentence embedding; task models (classification, token classification with the
+request's aggregation, rerank with the request's pairs as a second column, SPLADE) give the UDF's ``result``
+column, ``Predictor.predict``'s result as JSON, so every response equals the local backend's for the same message
+(and a request the local backend refuses, such as a rerank request without pairs, gets the same error message).
 
 The Spark session and the column function are made once, when the bridge starts, and a warm-up job loads the
 model in the workers before the first request is consumed, so a broken set-up (artifact missing on the
@@ -13,7 +17,7 @@ fails later (a worker lost, the JVM gone) raises ``BackendFailed``: the bridge e
 batch is answered after the restart (at least once).
 
 The UDF gives no prediction for empty or whitespace-only text (a null, as in ``spark-predict``), so a request
-holding such a text is answered with an error response instead of being sent to Spark.
+holding such a text (or such a pair) is answered with an error response instead of being sent to Spark.
 """
 
 from __future__ import annotations
@@ -45,7 +49,14 @@ WARMUP_TEXT = "bertopt warm-up"
 
 
 class SparkBackend:
-    """Batches of texts through ``bertopt.spark.predict_udf`` on a Spark session started once."""
+    """Batches of texts through ``bertopt.spark.predict_udf`` on a Spark session started once.
+
+    An embedding model answers with its sentence embedding (the UDF's default column). A task model
+    (classification, token classification, rerank, sparse embedding) answers with the UDF's ``result`` column:
+    ``Predictor.predict``'s result computed on the executors, as JSON, so the bridge builds exactly the response
+    the local backend builds. One column function per kind of request (with or without pairs; each token
+    classification aggregation), made on first use; the executors' model cache serves them all.
+    """
 
     name = "spark"
 
@@ -58,17 +69,21 @@ class SparkBackend:
         require("pyspark", "spark", "bertopt kafka --backend spark")
         config = resolve_config(SPARK_BACKEND_PARAMS, {"master": master, "partitions": partitions},
                                 "bertopt kafka --backend spark")
-        from bertopt.spark.streaming import refuse_task_models
+        from bertopt.runtime.tasks import task_of, task_output
 
         art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
-        refuse_task_models(art.model_info, "bertopt kafka --backend spark")
+        self.art = art
+        self.task = task_of(art)
+        if self.task != "embedding":  # a task artifact without its task's output fails here, before Spark starts
+            task_output(art, self.task)
         self.digest = art.digest
         self.model_info = art.model_info
         self.batches = 0
         self.spark_seconds = 0.0  # time spent in Spark jobs (DataFrame made, predicted, collected)
+        self._udf_options = {"batch_size": batch_size, "threads": threads, "provider": provider}
+        self._udfs: dict[tuple[bool, str], Any] = {}
         self._own_session = spark is None
         from bertopt.spark.session import get_session
-        from bertopt.spark.udf import predict_udf
 
         t0 = time.perf_counter()
         self.spark = spark if spark is not None else get_session(config["master"], app_name="bertopt-kafka",
@@ -76,7 +91,7 @@ class SparkBackend:
         self.startup_s = time.perf_counter() - t0
         try:
             self.partitions = config["partitions"] or max(1, self.spark.sparkContext.defaultParallelism)
-            self.udf = predict_udf(art, batch_size=batch_size, threads=threads, provider=provider, spark=self.spark)
+            self.udf = self._udf(self.task == "rerank", "simple")
             self.output = self.udf.output
             log.info("spark session up on %s in %.1f s (%d partitions per batch, output %s)",
                      self.spark.sparkContext.master, self.startup_s, self.partitions, self.output)
@@ -85,33 +100,69 @@ class SparkBackend:
             self.close()
             raise
 
+    def _udf(self, with_pairs: bool, aggregation: str):
+        """The column function for requests with or without pairs (and, for token classification, one
+        aggregation), made once."""
+        from bertopt.spark.udf import RESULT, predict_udf
+
+        key = (with_pairs, aggregation if self.task == "token-classification" else "simple")
+        if key not in self._udfs:
+            output = None if self.task == "embedding" else RESULT
+            self._udfs[key] = predict_udf(self.art, output=output, pairs=with_pairs, aggregation=key[1],
+                                          spark=self.spark, **self._udf_options)
+        return self._udfs[key]
+
     def _warm_up(self) -> None:
         """One job with a text per partition: the workers load the model now, and set-up errors surface now."""
         from bertopt.spark.session import worker_errors
 
         t0 = time.perf_counter()
+        texts = [WARMUP_TEXT] * self.partitions
         with worker_errors():
-            values = self._run([WARMUP_TEXT] * self.partitions)
-        self.dim = values.shape[1]
+            if self.task == "embedding":
+                self.dim = self._run(self.udf, texts, None).shape[1]
+            else:
+                self._run(self.udf, texts, texts if self.task == "rerank" else None)
         log.info("spark workers loaded the model in %.1f s", time.perf_counter() - t0)
 
-    def refuse(self, texts: Sequence[str]) -> str | None:
+    def refuse(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> str | None:
         """Why a request cannot go to Spark (answered with an error response), or None."""
         from bertopt.spark.streaming import EMPTY_TEXT_ERROR
         from bertopt.spark.udf import is_text
 
-        return None if all(is_text(t) for t in texts) else EMPTY_TEXT_ERROR
+        ok = all(is_text(t) for t in texts) and (pairs is None or all(is_text(p) for p in pairs))
+        return None if ok else EMPTY_TEXT_ERROR
 
     def encode(self, texts: Sequence[str]):
+        if self.task != "embedding":
+            raise UserError(f"this artifact is a {self.task} model; it has no sentence embedding to encode")
+        return self._job(self.udf, list(texts), None)
+
+    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, aggregation: str = "simple") -> list:
+        """``Predictor.predict``'s results for ``texts`` (and ``pairs``), computed by a Spark job; the same checks
+        first, so a refused request gets the local backend's error message."""
+        import json
+
+        from bertopt.runtime.tasks import check_predict_args
+
+        if self.task == "embedding":  # the bridge asks embedding models to encode; kept for API callers
+            return list(self.encode(texts))
+        check_predict_args(self.art, self.task, pairs, aggregation)
+        texts = list(texts)
+        pairs = None if pairs is None else list(pairs)
+        values = self._job(self._udf(pairs is not None, aggregation), texts, pairs)
+        return [json.loads(v) for v in values]
+
+    def _job(self, udf, texts: list[str], pairs: list[str] | None):
         from bertopt.kafka.bridge import BackendFailed
         from bertopt.spark.session import bertopt_error_in
 
-        refused = self.refuse(texts)
+        refused = self.refuse(texts, pairs)
         if refused is not None:
             raise UserError(refused)  # the bridge answers such requests one by one
         t0 = time.perf_counter()
         try:
-            values = self._run(list(texts))
+            values = self._run(udf, texts, pairs)
         except Exception as exc:  # Py4J / Spark errors: the batch is not committed, a restart re-processes it
             reason = bertopt_error_in(exc) or _first_line(exc)
             raise BackendFailed(f"the Spark job for a batch of {len(texts)} texts failed ({reason}); the batch was "
@@ -120,24 +171,30 @@ class SparkBackend:
         self.batches += 1
         return values
 
-    def _run(self, texts: list[str]):
-        """Predict ``texts`` in one Spark job (a float32 array); rows come back in the order given."""
+    def _run(self, udf, texts: list[str], pairs: list[str] | None):
+        """Predict ``texts`` (with ``pairs``) in one Spark job; rows come back in the order given: a float32 array
+        of embeddings, or the task results' JSON texts."""
         import numpy as np
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
-        schema = StructType([StructField("i", LongType(), False), StructField("text", StringType(), True)])
-        rows = self.spark.sparkContext.parallelize(list(enumerate(texts)), min(self.partitions, len(texts)))
-        df = self.spark.createDataFrame(rows, schema)
-        collected = df.select("i", self.udf("text").alias("y")).collect()
+            return np.zeros((0, 0), dtype=np.float32) if self.task == "embedding" else []
+        fields = [StructField("i", LongType(), False), StructField("text", StringType(), True)]
+        rows = list(enumerate(texts))
+        if pairs is not None:
+            fields.append(StructField("pair", StringType(), True))
+            rows = [(i, t, p) for (i, t), p in zip(rows, pairs)]
+        rdd = self.spark.sparkContext.parallelize(rows, min(self.partitions, len(texts)))
+        df = self.spark.createDataFrame(rdd, StructType(fields))
+        column = udf("text") if pairs is None else udf("text", "pair")
+        collected = df.select("i", column.alias("y")).collect()
         out: list[Any] = [None] * len(texts)
         for row in collected:
             out[row[0]] = row[1]
         missing = [i for i, v in enumerate(out) if v is None]
         if missing:
             raise RuntimeError(f"the Spark UDF returned no prediction for {len(missing)} of {len(texts)} texts")
-        return np.asarray(out, dtype=np.float32)
+        return np.asarray(out, dtype=np.float32) if self.task == "embedding" else out
 
     def close(self) -> None:
         if self._own_session and getattr(self, "spark", None) is not None:

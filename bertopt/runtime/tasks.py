@@ -328,13 +328,19 @@ def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None =
     texts = list(texts)
     model = predictor.artifact
     task = task_of(model)
-    check_pairs(model, task, pairs)
-    if task == "token-classification":
-        check_aggregation(aggregation)
+    check_predict_args(model, task, pairs, aggregation)
     name = task_output(model, task)
     values = predictor.run(texts, pairs, outputs=[name])[name]
     return results_from_outputs(predictor, task, texts, values, pairs=pairs, aggregation=aggregation,
                                 ignore_labels=ignore_labels)
+
+
+def check_predict_args(model, task: str, pairs, aggregation: str) -> None:
+    """What ``predict`` refuses before running the model (pairs the model cannot take, or a rerank model without
+    them; an unknown aggregation for token classification); the Spark Kafka backend checks the same way."""
+    check_pairs(model, task, pairs)
+    if task == "token-classification":
+        check_aggregation(aggregation)
 
 
 def results_from_outputs(predictor, task: str, texts: Sequence[str], values, *, pairs=None,

@@ -39,17 +39,6 @@ EMPTY_TEXT_ERROR = ("empty or whitespace-only text has no prediction on Spark (t
                     "null for it); send non-empty text")
 
 
-def refuse_task_models(model_info: dict[str, Any], what: str) -> None:
-    """Only embedding models for now: a task model's responses come from ``Predictor.predict`` (labels, entities,
-    scores), which the Spark UDF does not return yet."""
-    from bertopt.runtime.tasks import normalize_task
-
-    task = normalize_task(model_info.get("task")) or "embedding"
-    if task != "embedding":
-        raise UserError(f"{what} answers with embedding models only; this artifact is a {task} model: run it with "
-                        "bertopt kafka --backend local or zmq")
-
-
 def kafka_package(spark) -> str:
     """The Maven coordinate of Spark's Kafka connector matching this session's Spark and Scala versions."""
     scala = "2.13"
@@ -75,16 +64,35 @@ def _is_missing_source(exc: BaseException) -> bool:
 
 # -- the per-batch transformation --------------------------------------------------------------------------------
 class _ParseRequests:
-    """mapInPandas: Kafka rows -> one row per answerable request (id as JSON, texts, error); the rest dropped."""
+    """mapInPandas: Kafka rows -> one row per answerable request (id as JSON, its (text, pair) items, aggregation,
+    error); the rest dropped. A request the model cannot take (pairs for a single-text model, a rerank request
+    without them, an unknown aggregation) gets the error ``Predictor.predict`` (and so the bridge) gives."""
 
-    def __init__(self, max_texts: int, has_position: bool):
+    def __init__(self, max_texts: int, has_position: bool, task: str, model_info: dict[str, Any]):
         self.max_texts, self.has_position = max_texts, has_position
+        self.task, self.model_info = task, model_info
+
+    def refusal(self, req) -> str | None:
+        from types import SimpleNamespace
+
+        from bertopt.messages import EMBEDDING_PAIRS_ERROR
+        from bertopt.runtime.tasks import check_predict_args
+        from bertopt.spark.udf import is_text
+
+        if not all(is_text(t) for t in req.texts + (req.pairs or [])):
+            return EMPTY_TEXT_ERROR
+        if self.task == "embedding":
+            return None if req.pairs is None else EMBEDDING_PAIRS_ERROR
+        try:
+            check_predict_args(SimpleNamespace(model_info=self.model_info), self.task, req.pairs, req.aggregation)
+        except UserError as exc:
+            return str(exc)
+        return None
 
     def __call__(self, batches: Iterator) -> Iterator:
         import pandas as pd
 
         from bertopt.messages import _NO_ID, parse_request
-        from bertopt.spark.udf import is_text
 
         for pdf in batches:
             rows = []
@@ -92,14 +100,50 @@ class _ParseRequests:
             for key, value, (part, offset) in zip(pdf["key"], pdf["value"], positions):
                 value = value.encode() if isinstance(value, str) else value
                 req = parse_request(None if value is None else bytes(value), self.max_texts)
-                if req.error is None and not all(is_text(t) for t in req.texts):
-                    req.error = EMPTY_TEXT_ERROR
+                if req.error is None:
+                    req.error = self.refusal(req)
                 if req.id is _NO_ID:
                     log.warning("skipped request [%s]@%s: %s", part, offset, req.error)
                     continue
-                rows.append((None if key is None else bytes(key), json.dumps(req.id), req.single,
-                             req.texts if req.error is None else [], req.error))
-            yield pd.DataFrame(rows, columns=["key", "rid", "single", "texts", "error"])
+                pairs = req.pairs if req.pairs is not None else [None] * len(req.texts)
+                items = [{"text": t, "pair": p} for t, p in zip(req.texts, pairs)] if req.error is None else []
+                aggregation = req.aggregation if self.task == "token-classification" else "simple"
+                rows.append((None if key is None else bytes(key), json.dumps(req.id), req.single, items,
+                             aggregation, req.error))
+            yield pd.DataFrame(rows, columns=["key", "rid", "single", "items", "aggregation", "error"])
+
+
+class _PredictTasks:
+    """mapInPandas for task models: one row per (request, text) -> its ``Predictor.predict`` result as JSON in
+    ``y``, through ``bertopt.spark.udf.predict_rows`` (the Spark UDF's own path, ``result`` column), one call per
+    kind of row (with or without a pair, aggregation)."""
+
+    def __init__(self, ref, options: dict[str, Any]):
+        self.ref, self.options = ref, options  # aggregation -> UdfOptions
+
+    def __call__(self, batches: Iterator) -> Iterator:
+        import pandas as pd
+
+        from bertopt.spark.udf import RESULT, get_predictor, predict_rows
+
+        for pdf in batches:
+            y: list[Any] = [None] * len(pdf)
+            groups: dict[tuple[bool, str], list[int]] = {}
+            # a null comes as None or NaN (pandas 3 string columns): pd.isna covers both
+            for i, (pos, pair, aggregation) in enumerate(zip(pdf["pos"], pdf["pair"], pdf["aggregation"])):
+                if not pd.isna(pos):
+                    groups.setdefault((not pd.isna(pair), aggregation), []).append(i)
+            for (with_pairs, aggregation), rows in groups.items():
+                opts = self.options[aggregation]
+                texts = [pdf["text"].iat[i] for i in rows]
+                pairs = [pdf["pair"].iat[i] for i in rows] if with_pairs else None
+                values = predict_rows(get_predictor(self.ref, opts), texts, pairs, opts)[RESULT]
+                for i, value in zip(rows, values):
+                    y[i] = value
+            out = pdf[["req_no", "key", "rid", "single", "error"]].copy()
+            out["pos"] = pdf["pos"].astype("Int32")  # null for a request answered with an error
+            out["y"] = y
+            yield out
 
 
 class _FormatResponses:
@@ -124,6 +168,8 @@ class _FormatResponses:
                     ordered = sorted((p for p in preds if p["pos"] is not None), key=lambda p: p["pos"])
                     if any(p["y"] is None for p in ordered):  # not expected: blank texts were refused above
                         body = fmt.error(rid, EMPTY_TEXT_ERROR)
+                    elif fmt.task != "embedding":  # Predictor.predict's results, as JSON
+                        body = fmt.ok(rid, [json.loads(p["y"]) for p in ordered], bool(single))
                     else:
                         arr = (np.stack([np.asarray(p["y"], dtype=np.float32) for p in ordered]) if ordered
                                else np.zeros((0, 0), dtype=np.float32))
@@ -134,32 +180,49 @@ class _FormatResponses:
 
 class ResponseBuilder:
     """Kafka request rows -> Kafka response rows through the bertopt Spark UDF; made once per query (the artifact
-    is read and the UDF built once, not per micro-batch)."""
+    is read and the UDF built once, not per micro-batch). Embedding models answer with the UDF's embedding column;
+    task models with its ``result`` column (``Predictor.predict``'s result), so responses equal the bridge's."""
 
     def __init__(self, artifact, *, spark=None, batch_size: int = 32, max_texts_per_request: int = 256,
                  threads: int | None = None, provider: str = "auto", archive: str | None = None, ship: bool = False,
                  partitions: int | None = None):
-        from bertopt.spark.udf import _active_session, _load_on_driver, predict_udf
+        from bertopt.runtime.tasks import AGGREGATIONS, task_of
+        from bertopt.spark.udf import RESULT, _active_session, _load_on_driver, _ref_for, make_options, predict_udf
 
         if max_texts_per_request < 1:
             raise UserError(f"max_texts_per_request must be at least 1, got {max_texts_per_request}")
         if partitions is not None and partitions < 1:
             raise UserError(f"partitions must be at least 1, got {partitions}")
         self.spark = _active_session(spark)
-        art = _load_on_driver(artifact)
-        refuse_task_models(art.model_info, "kafka_stream_job")
         self.partitions = partitions or max(1, self.spark.sparkContext.defaultParallelism)
         self.art = _load_on_driver(artifact)
+        self.task = task_of(self.art)
         self.max_texts = max_texts_per_request
-        self.udf = predict_udf(self.art, batch_size=batch_size, threads=threads, provider=provider,
-                               spark=self.spark, archive=archive, ship=ship)
+        if self.task == "embedding":
+            self.udf = predict_udf(self.art, batch_size=batch_size, threads=threads, provider=provider,
+                                   spark=self.spark, archive=archive, ship=ship)
+        else:
+            aggregations = AGGREGATIONS if self.task == "token-classification" else ("simple",)
+            self.options = {a: make_options(self.art, self.spark, [RESULT], batch_size=batch_size, max_seq_len=None,
+                                            provider=provider, threads=threads, load_log=None, aggregation=a)
+                            for a in aggregations}
+            self.ref = _ref_for(self.spark, self.art, archive, ship)
 
     def responses(self, requests):
         """``requests``: a DataFrame with ``key`` and ``value`` (binary or string; ``partition``/``offset`` are used
         in log lines when present) -> a DataFrame of ``key`` (binary), ``value`` (binary JSON), one row per
         answerable request."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import ArrayType, BinaryType, BooleanType, StringType, StructField, StructType
+        from pyspark.sql.types import (
+            ArrayType,
+            BinaryType,
+            BooleanType,
+            IntegerType,
+            LongType,
+            StringType,
+            StructField,
+            StructType,
+        )
 
         for col in ("key", "value"):
             if col not in requests.columns:
@@ -167,20 +230,32 @@ class ResponseBuilder:
                                 f"{', '.join(requests.columns)}); pass the Kafka source's rows")
         has_position = {"partition", "offset"} <= set(requests.columns)
         cols = ["key", "value"] + (["partition", "offset"] if has_position else [])
+        item = StructType([StructField("text", StringType(), False), StructField("pair", StringType(), True)])
         parsed_schema = StructType([
             StructField("key", BinaryType(), True), StructField("rid", StringType(), False),
-            StructField("single", BooleanType(), False), StructField("texts", ArrayType(StringType()), False),
-            StructField("error", StringType(), True)])
+            StructField("single", BooleanType(), False), StructField("items", ArrayType(item), False),
+            StructField("aggregation", StringType(), False), StructField("error", StringType(), True)])
         # The repartition spreads the texts over `partitions` tasks (a topic may have fewer partitions than the
         # cluster has cores) and ends the parsing stage: a task then runs one Python step at a time, so a worker
         # parsing requests never sits next to a worker holding the model (twice the workers, twice the loads).
         parsed = (requests.select(*cols)
-                  .mapInPandas(_ParseRequests(self.max_texts, has_position), parsed_schema)
+                  .mapInPandas(_ParseRequests(self.max_texts, has_position, self.task, self.art.model_info),
+                               parsed_schema)
                   .withColumn("req_no", F.monotonically_increasing_id())
                   .repartition(self.partitions))
-        exploded = parsed.select("req_no", "key", "rid", "single", "error",
-                                 F.posexplode_outer("texts").alias("pos", "text"))
-        predicted = exploded.withColumn("y", self.udf("text"))
+        exploded = parsed.select("req_no", "key", "rid", "single", "error", "aggregation",
+                                 F.posexplode_outer("items").alias("pos", "item"))
+        exploded = exploded.select("req_no", "key", "rid", "single", "error", "aggregation", "pos",
+                                   F.col("item.text").alias("text"), F.col("item.pair").alias("pair"))
+        if self.task == "embedding":
+            predicted = exploded.withColumn("y", self.udf("text"))
+        else:
+            predicted_schema = StructType([
+                StructField("req_no", LongType(), False), StructField("key", BinaryType(), True),
+                StructField("rid", StringType(), False), StructField("single", BooleanType(), False),
+                StructField("error", StringType(), True), StructField("pos", IntegerType(), True),
+                StructField("y", StringType(), True)])
+            predicted = exploded.mapInPandas(_PredictTasks(self.ref, self.options), predicted_schema)
         gathered = predicted.groupBy("req_no").agg(
             F.first("key").alias("key"), F.first("rid").alias("rid"), F.first("single").alias("single"),
             F.first("error").alias("error"), F.collect_list(F.struct("pos", "y")).alias("preds"))

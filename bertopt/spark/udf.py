@@ -46,6 +46,9 @@ CONFIDENCE = "confidence"
 ENTITIES = "entities"
 SCORE = "score"
 SPARSE = "sparse"
+# the task result exactly as ``Predictor.predict`` gives it (every field: all class scores, per-token entities with
+# their index, ...), as JSON text; what ``bertopt kafka --backend spark`` answers task requests with
+RESULT = "result"
 # columns computed from the task's output (bertopt.runtime.tasks), next to the artifact's own outputs
 DERIVED = {LABEL: "classification", CONFIDENCE: "classification", ENTITIES: "token-classification",
            SCORE: "rerank", SPARSE: "sparse-embedding"}
@@ -236,8 +239,8 @@ def predict_rows(predictor, texts: Sequence[Any], pairs: Sequence[Any] | None, o
     result: dict[str, list] = {name: [None] * n for name in opts.outputs}
     if not valid:
         return result
-    derived = [o for o in opts.outputs if o in DERIVED]
-    model_outputs = [o for o in opts.outputs if o not in DERIVED]
+    derived = [o for o in opts.outputs if o in DERIVED or o == RESULT]
+    model_outputs = [o for o in opts.outputs if o not in derived]
     needed = list(dict.fromkeys(model_outputs + ([opts.label_source] if derived else [])))
     valid_texts = [texts[i] for i in valid]
     valid_pairs = [pairs[i] for i in valid] if pairs is not None else None
@@ -269,6 +272,12 @@ def _column_value(name: str, found: Any) -> Any:
     if name == ENTITIES:
         return [{"entity_group": e.get("entity_group", e.get("entity")), "score": e["score"], "word": e["word"],
                  "start": e["start"], "end": e["end"]} for e in found]
+    if name == RESULT:
+        import json
+
+        from bertopt.runtime.tasks import jsonable
+
+        return json.dumps(jsonable(found))  # floats as repr: they read back bit for bit
     return found  # rerank score (float), sparse {"indices", "values"}
 
 
@@ -284,7 +293,7 @@ def spark_type(name: str, sparse_format: str = "struct"):
         StructType,
     )
 
-    if name == LABEL:
+    if name in (LABEL, RESULT):
         return StringType()
     if name in (CONFIDENCE, SCORE):
         return DoubleType()
@@ -368,13 +377,16 @@ def resolve_outputs(art, outputs: Sequence[str] | str | None) -> list[str]:
     if not names:
         raise UserError("no outputs requested; name at least one (e.g. --outputs sentence_embedding)")
     for name in names:
+        if name == RESULT:
+            continue
         if name in DERIVED:
             if DERIVED[name] != task:
                 raise UserError(f"output '{name}' needs {_NEEDS[DERIVED[name]]}; {art.path} is a {task} model with "
-                                f"outputs: {', '.join(list(specs) + derived)}")
+                                f"outputs: {', '.join(list(specs) + derived + [RESULT])}")
             continue
         if name not in specs:
-            raise UserError(f"unknown output '{name}'; this artifact has: {', '.join(list(specs) + derived)}")
+            known = ", ".join(list(specs) + derived + [RESULT])
+            raise UserError(f"unknown output '{name}'; this artifact has: {known}")
         if not _is_pooled(specs[name]):
             hint = " (token classification: ask for 'entities')" if task == "token-classification" else ""
             raise UserError(f"output '{name}' is per-token; the Spark UDF returns one value per row, "
@@ -424,11 +436,12 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
         raise UserError(f"unknown sparse format {sparse_format!r}; choose struct (indices and values arrays) or "
                         "vector (Spark ML SparseVector)")
     sparse_size = _output_dim(art, _task_output(art, task)) if task == "sparse-embedding" else 0
+    task_columns = task != "embedding" or RESULT in outputs
     id2label = art.model_info.get("id2label") or {}
     return UdfOptions(outputs=tuple(outputs), batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                       threads=threads, concurrent_tasks=concurrent,
                       load_log=load_log or os.environ.get(LOAD_LOG_ENV),
-                      label_source=_task_output(art, task) if task != "embedding" else None,
+                      label_source=_task_output(art, task) if task_columns else None,
                       id2label=tuple((str(k), str(v)) for k, v in id2label.items()), task=task,
                       aggregation=aggregation, sparse_format=sparse_format, sparse_size=sparse_size)
 
@@ -476,6 +489,8 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     (``array<struct<entity_group, score, word, start, end>>``, pipeline ``aggregation``), rerank ``score``
     (a double; ``pairs=True``, called with the query and passage columns), SPLADE ``sparse``
     (``struct<indices, values>``, or a Spark ML ``SparseVector`` with ``sparse_format="vector"``).
+    ``output="result"`` gives, for any model, the result ``Predictor.predict`` returns as JSON text (every
+    field: all class scores, per-token entities with their index, ...).
     Each predict call sees up to ``window`` rows, sorted by length and cut into ``batch_size`` batches.
     ``archive=NAME`` loads the artifact on executors from an archive shipped as ``--archives ART.zip#NAME``;
     ``ship=True`` zips and ships the driver's copy itself.
@@ -493,7 +508,7 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     ref = _ref_for(spark, art, archive, ship)
     is_label = name == LABEL
     window = max(batch_size, window or DEFAULT_WINDOW)
-    if name in DERIVED and not is_label:
+    if (name in DERIVED or name == RESULT) and not is_label:
         raw = _TaskColumnFn(ref, opts, name).udf(pairs, spark_type(name, sparse_format))
     else:
         dim = 0 if is_label else _output_dim(art, name)
@@ -599,7 +614,7 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
     Embeddings/logits are ``array<float>``, ``label`` is a string and ``confidence`` a double (classifiers),
     ``entities`` an ``array<struct<entity_group, score, word, start, end>>`` (token classification), ``score`` a
     double (rerank: ``pair_col`` holds the passages), ``sparse`` a ``struct<indices, values>`` or SparseVector
-    (SPLADE); null or empty text gives nulls.
+    (SPLADE), ``result`` the JSON text of ``Predictor.predict``'s result; null or empty text gives nulls.
     ``counters``: pass a dict to receive Spark accumulators ``rows`` and ``null_rows`` filled by the job.
     """
     from pyspark.sql.types import StructField, StructType

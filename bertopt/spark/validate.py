@@ -33,6 +33,7 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
     from bertopt.spark.udf import (
         DERIVED,
         LABEL,
+        RESULT,
         check_task_columns,
         is_text,
         predict_rows,
@@ -48,8 +49,9 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         raise UserError(f"got {len(texts)} texts but {len(pairs)} pairs")
     check_task_columns(art, pairs is not None)
     name = resolve_outputs(art, [output] if output else None)[0]
-    if name == LABEL:
-        raise UserError("spark check compares numeric outputs; choose the logits or embedding output")
+    if name in (LABEL, RESULT):
+        raise UserError(f"spark check compares numeric outputs, not '{name}' (text); choose the logits, embedding "
+                        "or task output (entities, score, sparse)")
     task_column = name in DERIVED  # entities / score / sparse: compared with the same post-processing in process
 
     t0 = time.perf_counter()

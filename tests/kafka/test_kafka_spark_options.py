@@ -39,14 +39,3 @@ def test_kafka_spark_params_drive_cli_help_and_api(cli):
     with pytest.raises(UserError, match="'partitions' must be int"):
         SparkBackend("unused", partitions="two")
 
-
-def test_kafka_spark_backend_refuses_a_task_model_before_spark_starts(cli, tmp_path):
-    from bertopt.registry import run_stage
-    from bertopt.testing import build_tiny_hf_bert
-
-    classifier = run_stage("export", build_tiny_hf_bert(tmp_path / "cls-hf", classifier=True, seed=1), {},
-                           tmp_path / "cls")
-    code, out, err = cli("kafka", classifier.path, "--bootstrap", f"127.0.0.1:{free_port()}", "--request-topic",
-                         "a", "--response-topic", "b", "--backend", "spark")
-    assert code == 2
-    assert "--backend spark answers with embedding models only" in err

@@ -85,12 +85,28 @@ def test_kafka_responses_on_a_kafka_shaped_dataframe_match_the_runtime_and_the_b
         assert set(body) == {"id", "error", "artifact"} and message in body["error"]
 
 
-def test_kafka_responses_refuse_a_task_model_clearly(spark, tiny_classifier):
+def test_kafka_responses_answer_a_classifier_with_predictor_results_and_refuse_pairs_it_cannot_take(
+        spark, tiny_classifier, tiny_onnx):
+    from bertopt.messages import EMBEDDING_PAIRS_ERROR, ResponseFormat
+    from bertopt.runtime import Predictor
     from bertopt.spark.streaming import kafka_responses
 
-    df = spark.createDataFrame(kafka_rows([request("one", text="good movie")]), KAFKA_SOURCE_SCHEMA)
-    with pytest.raises(UserError, match="answers with embedding models only; this artifact is a classification"):
-        kafka_responses(df, tiny_classifier.path)
+    texts = ["good movie", "a dog runs fast and far", "bad"]
+    values = [request("one", text=texts[0]), request("many", texts=texts),
+              (b"k-pair", json.dumps({"id": "pair", "text": "x", "pair": "y"}).encode())]
+    df = spark.createDataFrame(kafka_rows(values), KAFKA_SOURCE_SCHEMA)
+    answered = by_id(kafka_responses(df, tiny_classifier.path, batch_size=2).collect())
+    fmt = ResponseFormat(tiny_classifier.model_info, tiny_classifier.digest)
+    want = json.loads(json.dumps(Predictor(tiny_classifier.path, threads=1).predict(texts)))
+    many = answered["many"][1]
+    assert set(many) == set(fmt.ok("many", want, single=False)) == {"id", "task", "results", "labels", "artifact"}
+    assert many["labels"] == [w["label"] for w in want]
+    for got, w in zip(many["results"] + [answered["one"][1]["result"]], want + want[:1]):
+        assert got["label"] == w["label"] and got["scores"] == pytest.approx(w["scores"], abs=1e-6)
+    assert "takes a single text, but text pairs were given" in answered["pair"][1]["error"]
+
+    df = spark.createDataFrame(kafka_rows(values[2:]), KAFKA_SOURCE_SCHEMA)
+    assert by_id(kafka_responses(df, tiny_onnx.path).collect())["pair"][1]["error"] == EMBEDDING_PAIRS_ERROR
 
 
 def test_response_stream_is_checkpointed_and_answers_each_request_once(spark, tiny_onnx, tmp_path):

@@ -123,6 +123,30 @@ def test_sparse_vectors_as_struct_or_spark_ml_vector(spark, task_artifact, spars
         assert rows[len(TASK_TEXTS)]["sparse"] is None
 
 
+def test_result_column_is_predictor_predict_as_json(spark, task_artifact):
+    import json
+
+    from bertopt.spark import predict_dataframe
+
+    for task, family, aggregation in (("token-classification", "roberta", "none"),
+                                      ("classification", "bert", "simple")):
+        _, art = task_artifact(task, family)
+        want = json.loads(json.dumps(Predictor(art).predict(TASK_TEXTS, aggregation=aggregation)))
+        out = predict_dataframe(_frame(spark, TEXTS), art, outputs=["result"], batch_size=4, aggregation=aggregation)
+        assert dict(out.dtypes)["result"] == "string"
+        rows = _rows(out)
+        got = [json.loads(rows[i]["result"]) for i in range(len(TASK_TEXTS))]
+        assert len(got) == len(want) and any(got)
+        for g, w in zip(got, want):  # every field: per-token entities keep "entity" and "index"; all class scores
+            if task == "classification":
+                assert g["label"] == w["label"] and g["scores"] == pytest.approx(w["scores"], abs=1e-6)
+            else:
+                assert [{k: e[k] for k in e if k != "score"} for e in g] == \
+                    [{k: e[k] for k in e if k != "score"} for e in w]
+                assert [e["score"] for e in g] == pytest.approx([e["score"] for e in w], abs=1e-6)
+        assert rows[len(TASK_TEXTS)]["result"] is None and rows[len(TASK_TEXTS) + 1]["result"] is None
+
+
 def test_spark_predict_cli_writes_task_columns(spark, task_artifact, tmp_path, cli):
     import pandas as pd
 

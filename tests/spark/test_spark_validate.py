@@ -50,3 +50,12 @@ def test_spark_check_real_minilm_on_builtin_corpus(spark, minilm_onnx):
     assert report["rows"] == len(texts)
     assert report["max_abs_diff"] <= 1e-5, report
     assert report["null_rows"] == sum(1 for t in texts if not t.strip()) and report["null_rows_ok"]
+
+
+@pytest.mark.parametrize("output", ["label", "result"])
+def test_spark_check_refuses_text_outputs_before_spark_starts(tiny_classifier, output):
+    from bertopt.errors import UserError
+    from bertopt.spark import spark_check
+
+    with pytest.raises(UserError, match=f"compares numeric outputs, not '{output}'"):
+        spark_check(tiny_classifier.path, ["a text"], output=output, master="no-such-master")
