@@ -38,7 +38,25 @@ def check_against(writer, reference: Artifact, texts: list[str], outputs: list[s
     old = Predictor(reference, provider="cpu", threads=threads, verify=False)
     names = outputs or [o for o in new.output_names if o in old.output_names]
     got, ref = new.run(texts, outputs=names), old.run(texts, outputs=names)
-    return compare_runs(got, ref, reference.output_kinds)
+    stats = compare_runs(got, ref, reference.output_kinds)
+    notes = fidelity_notes(stats, writer.stage)
+    if notes:
+        writer.report.setdefault("notes", []).extend(notes)
+    return stats
+
+
+# below this mean cosine to its input a stage's output no longer computes the same function (a working int8 of a
+# trained model stays above 0.99); the artifact is still written, since validate is the gate, but the user is told
+FIDELITY_WARNING_COS_MEAN = 0.9
+
+
+def fidelity_notes(stats: dict[str, dict], stage: str) -> list[str]:
+    """Notes for outputs a stage broke (cosine mean to its input below ``FIDELITY_WARNING_COS_MEAN``)."""
+    hint = {"quantize": "; for ONNX Runtime int8 try --per-token (one activation scale per token) or "
+                        "--runtime openvino"}.get(stage, "")
+    return [f"{name} differs from the input model (cos mean {s['cos_mean']:.3f}, min {s['cos_min']:.3f}): this "
+            f"artifact will not pass 'bertopt validate'{hint}"
+            for name, s in stats.items() if s.get("cos_mean", 1.0) < FIDELITY_WARNING_COS_MEAN]
 
 
 def worst_abs_diff(stats: dict[str, dict]) -> float:

@@ -40,8 +40,9 @@ PARAMS = [
           choices=("auto", "none") + POOLING_MODES),
     Param("max_seq_len", int, None, "Default max tokens per text recorded for the runtime "
           "(default: the model's own setting).", min=1),
-    Param("check_tolerance", float, 1e-4, "Max abs difference allowed between the exported model and the "
-          "original on real sentences; the export fails above it.", min=0),
+    Param("check_tolerance", float, 1e-4, "Max difference allowed between the exported model and the "
+          "original on real sentences (absolute; relative to the output's largest magnitude where that exceeds "
+          "1); the export fails above it.", min=0),
     Param("tokenizer", str, None, "Tokenizer folder for an ONNX file input (default: the file's folder)."),
 ]
 
@@ -111,17 +112,19 @@ def export_hf_to_onnx(source, config, out_dir: Path, overwrite: bool):
         w.report["opset"] = config["opset"]
         # Self-check on real sentences: the export must match PyTorch.
         texts = corpus()[:48]
-        diff = _max_abs_diff_vs_torch(w, module, names, texts, info, inputs)
+        diff, scaled = _max_abs_diff_vs_torch(w, module, names, texts, info, inputs)
         w.report["max_abs_diff_vs_pytorch"] = diff
-        if not np.isfinite(diff) or diff > config["check_tolerance"]:
-            raise UserError(f"exported ONNX differs from PyTorch by {diff:.3g} (> {config['check_tolerance']:g}); "
-                            "the model uses an op the exporter mishandles, please report it")
+        if not np.isfinite(scaled) or scaled > config["check_tolerance"]:
+            raise UserError(f"exported ONNX differs from PyTorch by {diff:.3g} ({scaled:.3g} of the output's "
+                            f"magnitude, > {config['check_tolerance']:g}); the model uses an op the exporter "
+                            "mishandles, please report it")
     return w.artifact
 
 
-def _max_abs_diff_vs_torch(writer, module, names, texts, info, inputs) -> float:
+def _max_abs_diff_vs_torch(writer, module, names, texts, info, inputs) -> tuple[float, float]:
     """Worst elementwise difference over real tokens between ONNX Runtime and PyTorch (text pairs for
-    models that take two segments)."""
+    models that take two segments): absolute, and relative to the output's largest magnitude where that exceeds 1
+    (hidden states of wide models reach 10-50, where float32 summation order alone moves values by ~1e-4)."""
     import numpy as np
 
     from bertopt.runtime import Predictor
@@ -133,13 +136,15 @@ def _max_abs_diff_vs_torch(writer, module, names, texts, info, inputs) -> float:
     torch_pred = Predictor(spec, provider="cpu")
     pairs = texts[1:] + texts[:1] if info.get("pair_input") else None
     a, b = onnx_pred.run(texts, pairs), torch_pred.run(texts, pairs)
-    worst = 0.0
+    worst = scaled = 0.0
     for name in names:
         xs, ys = a[name], b[name]
-        items = zip(xs, ys) if isinstance(xs, list) else [(xs, ys)]
+        items = list(zip(xs, ys) if isinstance(xs, list) else [(xs, ys)])
+        magnitude = max([1.0] + [float(np.max(np.abs(y))) for _, y in items if y.size])
         for x, y in items:
-            worst = max(worst, float(np.max(np.abs(x - y))) if x.size else 0.0)
-    return worst
+            d = float(np.max(np.abs(x - y))) if x.size else 0.0
+            worst, scaled = max(worst, d), max(scaled, d / magnitude)
+    return worst, scaled
 
 
 def _onnx_companion_folders(source, config) -> list[Path]:

@@ -105,3 +105,15 @@ def test_stage_by_stage_and_inspect(cli, tiny_onnx, tmp_path):
 def test_stages_lists_parameters(cli, argv):
     code, out, _ = cli(*argv)
     assert code == 0 and "check_tolerance" in out and "per_channel" in out
+
+
+def test_export_self_check_failure_is_one_line_and_writes_nothing(cli, tiny_hf, tmp_path):
+    # the export compares itself with PyTorch on real text; the tiny BERT's hidden states reach ~3.5, so the
+    # check is relative to that magnitude (float32 summation order alone moves wide models' states by ~1e-4)
+    code, out, err = cli("export", tiny_hf, "--check-tolerance", "0", "--out", tmp_path / "o")
+    assert code == 2, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: exported ONNX differs from PyTorch by ") and "of the output's magnitude" in line
+    assert not (tmp_path / "o").exists()
+    code, out, err = cli("export", tiny_hf, "--out", tmp_path / "ok")
+    assert code == 0 and "max abs diff vs pytorch" in out

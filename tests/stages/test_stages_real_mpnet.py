@@ -96,6 +96,10 @@ def test_plain_ort_int8_loses_the_model_and_validate_refuses_it(mpnet_stages, cl
     u8s8 kernels that also saturate) cos min -0.15 / mean 0.02; with non-saturating kernels (u8u8 weights, the
     behaviour of VNNI) 0.70 / 0.86 on 24 texts; bertopt validate on the 32 texts below: cos_min -0.164, neighbour
     agreement@10 0.375. --per-token (each row scaled by its own max) is the fix. The gate must catch it."""
+    # the quantize stage already tells its user, in the artifact's report (printed by the CLI), with the fix
+    notes = mpnet_stages["int8"].lineage["report"]["notes"]
+    assert any("sentence_embedding differs from the input model" in n and "--per-token" in n for n in notes), notes
+    assert not mpnet_stages["int8-per-token"].lineage["report"].get("notes")
     data = tmp_path / "texts.txt"
     data.write_text("\n".join(TEXTS[:24] + TEXTS[64:72]) + "\n")
     code, out, err = cli("validate", mpnet_stages["int8"].path, "--data", data, "--no-latency", "--no-batch-check",
