@@ -138,6 +138,21 @@ def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) ->
     return out
 
 
+def recipe_contenders(args, say):
+    """Each of ``args.recipes`` (names in recipes/ or paths) built on ``args.model`` (reused when built) as a bench
+    Contender, and the PyTorch fp32 reference of the first one's source: (reference, contenders)."""
+    from bertopt import bench
+
+    contenders = []
+    for recipe in args.recipes:
+        art, rec = build_recipe(ROOT / "recipes" / f"{recipe}.yaml" if "/" not in recipe else recipe,
+                                args.model, args.out, args.rebuild, say)
+        contenders.append(artifact_contender(rec.name, art, args.threads, args.batch_size))
+    reference = bench.reference_contender(contenders[0].predictor.artifact, threads=args.threads,
+                                          batch_size=args.batch_size)
+    return reference, contenders
+
+
 def artifact_contender(name: str, art, threads: int | None, batch_size: int, **predictor_options):
     """A bench Contender running ``art`` through bertopt's runtime (the same Predictor validate and serve use)."""
     from bertopt.bench import Contender

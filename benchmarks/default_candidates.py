@@ -24,15 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
-    ROOT,
-    add_common_args,
-    artifact_contender,
-    build_recipe,
-    output_path,
-    progress_printer,
-    settings_from,
-)
+from common import add_common_args, output_path, progress_printer, recipe_contenders, settings_from  # noqa: E402
 
 CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu", "minilm-faithful-cpu"]
 COS_MIN = 0.995
@@ -58,13 +50,7 @@ def main(argv=None) -> int:
     console = Console(width=200)
     say = progress_printer()
     settings = settings_from(args)
-    contenders = []
-    for recipe in args.recipes:
-        art, rec = build_recipe(ROOT / "recipes" / f"{recipe}.yaml" if "/" not in recipe else recipe,
-                                args.model, args.out, args.rebuild, say)
-        contenders.append(artifact_contender(rec.name, art, args.threads, args.batch_size))
-    reference = bench.reference_contender(contenders[0].predictor.artifact, threads=args.threads,
-                                          batch_size=args.batch_size)
+    reference, contenders = recipe_contenders(args, say)
     machine = records.machine_info()
     say(f"load average before: {machine.get('load_average')}")
     everyone = [reference, *contenders]
