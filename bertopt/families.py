@@ -34,6 +34,8 @@ class Family:
     fusion_model_type: str | None = "bert"
     # transformer fusions ONNX Runtime cannot do for this family (recorded in the optimize report)
     fusion_notes: str = ""
+    # bertopt's own attention fusion run after ONNX Runtime's (a module in bertopt.stages.fusions), or None
+    attention_fusion: str | None = None
     # the class names of its heads (transformers), by task
     notes: str = ""
     aliases: tuple[str, ...] = field(default=())

@@ -52,6 +52,11 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
                                hidden_size=int(hidden), opt_level=config["opt_level"], use_gpu=False,
                                only_onnxruntime=False)
     fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    if family.attention_fusion:
+        from bertopt.stages.fusions import apply_fusion
+
+        own = apply_fusion(family.attention_fusion, optimized.model, int(heads), int(hidden))
+        fused.update(own)
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         save_onnx(optimized.model, w.dir / "model.onnx")
@@ -59,6 +64,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=art.precision)
         w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model),
                          "fusion_model_type": family.fusion_model_type, "family": family.name})
+        if family.attention_fusion:
+            w.report["attention_fusion"] = family.attention_fusion
         if family.fusion_notes:
             w.report["fusion_notes"] = family.fusion_notes
         stats = check_against(w, art, corpus()[:48])
