@@ -159,7 +159,21 @@ def measure_model(label: str, task: str, hf: Path, arts: dict[str, Any], args, s
     for name, row in rows.items():
         row["texts_per_s"] = len(workload) / statistics.median(times[name])
         row["ratio_to_pytorch_bf16"] = row["texts_per_s"] / base
+    if "optimize" in arts:
+        rows["optimize"]["fused_ops"] = arts["optimize"].lineage.get("report", {}).get("fused_ops", {})
     return list(rows.values())
+
+
+# the fused operators that carry a family's attention (ONNX Runtime's, or bertopt's own in bertopt.stages.fusions)
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "RotaryEmbedding")
+
+
+def fused_attention(rows: list[dict[str, Any]], model: str) -> str:
+    for r in rows:
+        if r["model"] == model and "fused_ops" in r:
+            found = [f"{op} x{r['fused_ops'][op]}" for op in ATTENTION_OPS if r["fused_ops"].get(op)]
+            return ", ".join(found) or "none"
+    return "?"
 
 
 def fmt_fidelity(row: dict[str, Any]) -> str:
@@ -185,9 +199,10 @@ def summary(rows: list[dict[str, Any]]) -> str:
     if "minilm" not in best:
         return ""
     yard = best["minilm"][0]
-    lines = ["| model | best stage | x PyTorch bf16 | vs MiniLM's best |", "|---|---|---:|---:|"]
+    lines = ["| model | best stage | x PyTorch bf16 | vs MiniLM's best | attention fused by optimize |",
+             "|---|---|---:|---:|---|"]
     for model, (ratio, stage) in best.items():
-        lines.append(f"| {model} | {stage} | {ratio:.2f} | {ratio / yard:.0%} |")
+        lines.append(f"| {model} | {stage} | {ratio:.2f} | {ratio / yard:.0%} | {fused_attention(rows, model)} |")
     return "\n".join(lines)
 
 

@@ -81,3 +81,26 @@ def test_default_candidates_script_smoke(tiny_hf, tmp_path):
     assert max(faithful["batch_dev"].values()) < 1e-6
     assert rows["minilm-int8-cpu"]["vs"]["old-default"]["mixed"] == 1.0  # the first recipe is the baseline
     assert "meets bar" in proc.stdout and data["machine"]["load_average"]
+
+
+@pytest.mark.slow
+def test_models_script_smoke(tmp_path):
+    """benchmarks/models.py (the generator of docs/models.md) on two tiny families: every stage measured, the
+    optimize row says which attention operators were fused, and the docs are left alone with --no-docs."""
+    out = tmp_path / "m.json"
+    docs_before = (ROOT / "docs" / "models.md").read_text()
+    proc = _run("models.py", "--families", "bert,roberta", "--hidden", 32, "--layers", 1, "--heads", 2,
+                "--no-heads", "--no-minilm", "--no-mpnet", "--no-docs", "--mixed-texts", 8, "--fidelity-texts", 8,
+                "--rounds", 1, "--out", tmp_path / "art", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    from benchmarks.models import STAGES
+
+    for model in ("bert", "roberta"):
+        stages = [r["stage"] for r in rows if r["model"] == model]
+        assert stages == ["pytorch-fp32", "pytorch-bf16", *STAGES[1:]]
+        assert all(r["texts_per_s"] > 0 for r in rows if r["model"] == model)
+        optimized = next(r for r in rows if r["model"] == model and r["stage"] == "optimize")
+        assert optimized["fused_ops"].get("Attention") == 1, optimized["fused_ops"]
+        assert optimized["cos_min"] > 0.9999
+    assert (ROOT / "docs" / "models.md").read_text() == docs_before
