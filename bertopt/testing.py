@@ -164,14 +164,15 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
                             normalize: bool = True, dense: dict | None = None, seed: int = 0, layers: int = 2,
                             hidden: int = 32, heads: int = 4, positions: int = 128, vocab_size: int = 800,
                             num_labels: int = 3, multi_label: bool = False, slow_tokenizer_only: bool = False,
-                            intermediate: int | None = None) -> Path:
+                            intermediate: int | None = None, max_seq_length: int = 64) -> Path:
     """A random model of ``family`` with ``task``'s head, its own tokenizer kind trained on bertopt's built-in
     text, saved as its users save it: ``save_pretrained`` (safetensors) plus, for embeddings, a
     sentence-transformers pipeline (Pooling ``pooling``, optional ``dense`` {"out_features", "activation"},
     Normalize); rerank as a sentence-transformers CrossEncoder; sparse-embedding as a SPLADE SparseEncoder.
 
     ``slow_tokenizer_only`` leaves out tokenizer.json and writes the files it is built from (vocab.txt, or
-    vocab.json + merges.txt)."""
+    vocab.json + merges.txt). ``max_seq_length``: the sentence-transformers pipeline's limit (at most
+    ``positions``; short by default to keep tests fast, MiniLM's 256 where speed is compared)."""
     import json
 
     import torch
@@ -265,7 +266,7 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
             {"pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": config.vocab_size}))
     if modules:
         (path / "modules.json").write_text(json.dumps(modules, indent=2))
-        (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": min(positions, 64)}))
+        (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": min(positions, max_seq_length)}))
     return path
 
 
