@@ -80,7 +80,9 @@ FAMILIES: tuple[Family, ...] = (
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),
-           fusion_notes="rotary attention and GeGLU: ONNX Runtime fuses LayerNorm only",
+           attention_fusion="modernbert",
+           fusion_notes="rotary attention and GeGLU: ONNX Runtime fuses LayerNorm only; bertopt fuses the "
+                        "attention into RotaryEmbedding + MultiHeadAttention (bertopt.stages.fusions.modernbert)",
            notes="rotary positions, alternating local/global attention"),
 )
 

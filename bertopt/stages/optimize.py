@@ -3,7 +3,8 @@
 The fusion model type comes from the artifact's family declaration (``bertopt.families``): BERT, DistilBERT,
 RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), DeBERTa-v2 (disentangled
 attention) and ModernBERT (rotary attention, GeGLU) get the LayerNorm and GELU fusions only, which the report
-says."""
+says. ModernBERT's attention is then fused by bertopt itself (``bertopt.stages.fusions.modernbert``: RotaryEmbedding
++ MultiHeadAttention)."""
 
 from __future__ import annotations
 
