@@ -76,7 +76,9 @@ FAMILIES: tuple[Family, ...] = (
            notes="embedding size may differ from hidden size (a projection after the embeddings)"),
     Family("deberta-v2", ("deberta-v2",), (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS),
            position_offset="relative", tokenizer_kind="unigram", tokenizer_sources=(("spm.model",),),
-           fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU only",
+           attention_fusion="deberta",
+           fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU; bertopt fuses attention "
+                        "into MultiHeadAttention with the c2p + p2c bias (bertopt.stages.fusions.deberta)",
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),
