@@ -2,8 +2,10 @@
 
 The fusion model type comes from the artifact's family declaration (``bertopt.families``): BERT, DistilBERT,
 RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), DeBERTa-v2 (disentangled
-attention) and ModernBERT (rotary attention, GeGLU) get the LayerNorm and GELU fusions only, which the report
-says."""
+attention) and ModernBERT (rotary attention, GeGLU) get ONNX Runtime's LayerNorm and GELU fusions only, which the
+report says. MPNet's attention is then fused by bertopt itself (``bertopt.stages.fusions.mpnet``: one
+MultiHeadAttention per layer, the relative position bias and the padding mask summed once into its
+attention_bias)."""
 
 from __future__ import annotations
 
