@@ -32,6 +32,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from bertopt.stages.fusions.graph import remove_dead_nodes, topological_sort
+
 _MS = "com.microsoft"
 
 
@@ -284,44 +286,9 @@ def fuse(model: Any, num_heads: int, hidden_size: int) -> dict[str, int]:
     del gr.g.node[:]
     gr.g.node.extend(kept)
     gr.g.initializer.extend(new_inits)
-    _insert_topologically(gr.g, new_nodes)
-    _remove_dead(gr.g)
+    gr.g.node.extend(new_nodes)
+    topological_sort(gr.g)
+    remove_dead_nodes(model)
     if not any(o.domain == _MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(_MS, 1))
     return {"MultiHeadAttention": len(layers)}
-
-
-def _insert_topologically(graph, new_nodes) -> None:
-    """Add ``new_nodes`` and re-sort the node list topologically (stable for the existing order)."""
-    nodes = list(graph.node) + list(new_nodes)
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    ordered, pending = [], nodes
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in available for i in n.input):
-                ordered.append(n)
-                available.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            raise RuntimeError("deberta fusion produced a graph with a cycle or a missing input")
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(ordered)
-
-
-def _remove_dead(graph) -> None:
-    needed = {o.name for o in graph.output}
-    keep = []
-    for n in reversed(list(graph.node)):
-        if set(n.output) & needed:
-            keep.append(n)
-            needed.update(i for i in n.input if i)
-    keep.reverse()
-    del graph.node[:]
-    graph.node.extend(keep)
-    used = needed
-    inits = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)

@@ -33,29 +33,32 @@ class GraphIndex:
         self.names.add(name)
 
     def topological_sort(self) -> None:
-        """Reorder ``model.graph.node`` so every node comes after the producers of its inputs (ONNX requires it)."""
-        graph = self.model.graph
-        nodes = list(graph.node)
-        made_by = {out: i for i, n in enumerate(nodes) for out in n.output}
-        waiting = [0] * len(nodes)
-        readers: dict[int, list[int]] = defaultdict(list)
-        for i, node in enumerate(nodes):
-            for src in {made_by[x] for x in node.input if x in made_by}:
-                waiting[i] += 1
-                readers[src].append(i)
-        ready = deque(i for i, w in enumerate(waiting) if w == 0)
-        order = []
-        while ready:
-            i = ready.popleft()
-            order.append(nodes[i])
-            for j in readers[i]:
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    ready.append(j)
-        if len(order) != len(nodes):
-            raise ValueError("the rewritten graph has a cycle")  # a fusion bug, not user input
-        del graph.node[:]
-        graph.node.extend(order)
+        topological_sort(self.model.graph)
+
+
+def topological_sort(graph) -> None:
+    """Reorder ``graph.node`` so every node comes after the producers of its inputs (ONNX requires it)."""
+    nodes = list(graph.node)
+    made_by = {out: i for i, n in enumerate(nodes) for out in n.output}
+    waiting = [0] * len(nodes)
+    readers: dict[int, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for src in {made_by[x] for x in node.input if x in made_by}:
+            waiting[i] += 1
+            readers[src].append(i)
+    ready = deque(i for i, w in enumerate(waiting) if w == 0)
+    order = []
+    while ready:
+        i = ready.popleft()
+        order.append(nodes[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if len(order) != len(nodes):
+        raise ValueError("the rewritten graph has a cycle")  # a fusion bug, not user input
+    del graph.node[:]
+    graph.node.extend(order)
 
 
 def unique_name(index: GraphIndex, base: str) -> str:
