@@ -70,13 +70,17 @@ FAMILIES: tuple[Family, ...] = (
            notes="XLM-R / CamemBERT use a SentencePiece (Unigram / BPE) tokenizer; the position table is offset "
                  "by padding_idx + 1", aliases=("xlm-roberta", "camembert")),
     Family("mpnet", ("mpnet",), (INPUT_IDS, ATTENTION_MASK),
-           position_offset="padding_idx", tokenizer_kind="wordpiece",
-           notes="relative attention bias (ONNX Runtime fuses LayerNorm/GELU, not attention)"),
+           position_offset="padding_idx", tokenizer_kind="wordpiece", attention_fusion="mpnet",
+           fusion_notes="relative attention bias: ONNX Runtime fuses LayerNorm and GELU; bertopt fuses attention "
+                        "into MultiHeadAttention with the bias",
+           notes="relative attention bias shared by every layer"),
     Family("electra", ("electra",), (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS),
            notes="embedding size may differ from hidden size (a projection after the embeddings)"),
     Family("deberta-v2", ("deberta-v2",), (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS),
            position_offset="relative", tokenizer_kind="unigram", tokenizer_sources=(("spm.model",),),
-           fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU only",
+           attention_fusion="deberta",
+           fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU; bertopt fuses attention "
+                        "into MultiHeadAttention with the c2p + p2c bias (bertopt.stages.fusions.deberta)",
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),

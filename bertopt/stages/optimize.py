@@ -2,9 +2,12 @@
 
 The fusion model type comes from the artifact's family declaration (``bertopt.families``): BERT, DistilBERT,
 RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), DeBERTa-v2 (disentangled
-attention) and ModernBERT (rotary attention, GeGLU) get the LayerNorm and GELU fusions only, which the report
-says. ModernBERT's attention is then fused by bertopt itself (``bertopt.stages.fusions.modernbert``: RotaryEmbedding
-+ MultiHeadAttention)."""
+attention) and ModernBERT (rotary attention, GeGLU) get ONNX Runtime's LayerNorm and GELU fusions only, which the
+report says. A family with ``attention_fusion`` then gets bertopt's own attention fusion (``bertopt.stages.fusions``):
+MPNet's attention becomes one MultiHeadAttention per layer (the relative position bias and the padding mask summed
+once into its attention_bias); DeBERTa-v2's disentangled attention becomes MultiHeadAttention with its c2p + p2c
+bias; ModernBERT's rotary attention becomes two RotaryEmbedding (q, k) + one MultiHeadAttention
+per layer."""
 
 from __future__ import annotations
 
