@@ -32,20 +32,17 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from bertopt.stages.fusions.graph import remove_dead_nodes, topological_sort
+from bertopt.stages.fusions.graph import constant_array, remove_dead_nodes, topological_sort
 
 _MS = "com.microsoft"
 
 
 class _Graph:
     def __init__(self, model: Any):
-        from onnx import numpy_helper
-
         self.model = model
         self.g = model.graph
         self.producer = {o: n for n in self.g.node for o in n.output}
         self.inits = {i.name: i for i in self.g.initializer}
-        self.np = numpy_helper
         self.consumers: dict[str, list] = {}
         for n in self.g.node:
             for i in n.input:
@@ -58,12 +55,10 @@ class _Graph:
         return n
 
     def const(self, tensor: str):
-        if tensor in self.inits:
-            return self.np.to_array(self.inits[tensor])
-        n = self.producer.get(tensor)
-        if n is not None and n.op_type == "Constant":
-            return self.np.to_array(n.attribute[0].t)
-        raise _NoMatch(f"{tensor} is not a constant")
+        value = constant_array(self.inits, self.producer.get, tensor)
+        if value is None:
+            raise _NoMatch(f"{tensor} is not a constant")
+        return value
 
     def only_consumer(self, tensor: str, op: str):
         users = [n for n in self.consumers.get(tensor, []) if n.op_type != "Shape"]  # shape chains die with it

@@ -39,7 +39,8 @@ class GraphIndex:
 def topological_sort(graph) -> None:
     """Reorder ``graph.node`` so every node comes after the producers of its inputs (ONNX requires it)."""
     nodes = list(graph.node)
-    made_by = {out: i for i, n in enumerate(nodes) for out in n.output}
+    # "" names an omitted optional input or output, not a tensor: it links no nodes
+    made_by = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     waiting = [0] * len(nodes)
     readers: dict[int, list[int]] = defaultdict(list)
     for i, node in enumerate(nodes):
@@ -79,17 +80,25 @@ def transpose_perm(node) -> list[int] | None:
     return None
 
 
-def constant_scalar(index: GraphIndex, name: str) -> float | None:
-    """The value of a one-element constant (initializer or Constant node), else None."""
+def constant_array(inits: dict, producer, name: str):
+    """The value of a constant tensor (an initializer in ``inits`` or a Constant node's ``value``), else None;
+    ``producer(name)`` gives the node that makes a tensor."""
     from onnx import numpy_helper
 
-    if name in index.inits:
-        arr = numpy_helper.to_array(index.inits[name])
-    else:
-        node = index.producer(name)
-        if node is None or node.op_type != "Constant" or not node.attribute:
-            return None
-        arr = numpy_helper.to_array(node.attribute[0].t) if node.attribute[0].name == "value" else None
+    if name in inits:
+        return numpy_helper.to_array(inits[name])
+    node = producer(name)
+    if node is None or node.op_type != "Constant":
+        return None
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+    return None
+
+
+def constant_scalar(index: GraphIndex, name: str) -> float | None:
+    """The value of a one-element constant (initializer or Constant node), else None."""
+    arr = constant_array(index.inits, index.producer, name)
     if arr is None or arr.size != 1:
         return None
     return float(arr.reshape(-1)[0])

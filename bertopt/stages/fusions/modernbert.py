@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.stages.fusions.graph import constant_array, remove_dead_nodes, topological_sort
+
 # Longest sequence the rotary caches cover: the largest ModernBERT context (8192 tokens) with headroom.
 CACHE_POSITIONS = 8192
 
@@ -48,14 +50,7 @@ class _Graph:
         self.outputs = {o.name for o in self.graph.output}
 
     def const(self, name: str) -> np.ndarray | None:
-        if name in self.inits:
-            return self.nh.to_array(self.inits[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    return self.nh.to_array(a.t)
-        return None
+        return constant_array(self.inits, self.producer.get, name)
 
     def prod(self, name: str, op: str) -> Any | None:
         node = self.producer.get(name)
@@ -188,7 +183,6 @@ def _inv_freq(g: _Graph, emb: str, head: int) -> np.ndarray | None:
 
 def fuse(model: Any, num_heads: int, hidden_size: int) -> dict[str, int]:
     from onnx import TensorProto, helper
-    from onnxruntime.transformers.onnx_model import OnnxModel
 
     if num_heads <= 0 or hidden_size % num_heads:
         return {}
@@ -240,10 +234,8 @@ def fuse(model: Any, num_heads: int, hidden_size: int) -> dict[str, int]:
                 node.input[i] = replace[name]
     g.graph.node.extend(new_nodes)
     g.graph.initializer.extend(new_inits)
-    wrapped = OnnxModel(model)
-    wrapped.prune_graph()
-    wrapped.remove_unused_constant()
-    wrapped.topological_sort()
+    remove_dead_nodes(model)
+    topological_sort(g.graph)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return counts
