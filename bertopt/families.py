@@ -80,7 +80,8 @@ FAMILIES: tuple[Family, ...] = (
            position_offset="relative", tokenizer_kind="unigram", tokenizer_sources=(("spm.model",),),
            attention_fusion="deberta",
            fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU; bertopt fuses attention "
-                        "into MultiHeadAttention with the c2p + p2c bias (bertopt.stages.fusions.deberta)",
+                        "(c2p and p2c by block Gathers through one index per model, masks folded in; "
+                        "bertopt.stages.fusions.deberta)",
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),

@@ -33,6 +33,27 @@ def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[
     return names
 
 
+# operators a mask value passes through unchanged in kind (adds, layout moves): the additive mask's fill is still in
+# their output, so they stay fp32 up to the operator that consumes the scores (Softmax, fused attention)
+_MASK_CARRIERS = {"Add", "Sub", "Where", "Reshape", "Transpose", "Gather", "Expand", "Unsqueeze", "Squeeze",
+                  "Concat", "Slice", "Identity"}
+
+
+def mask_carrier_nodes(graph, mask_nodes: set[str]) -> set[str]:
+    """Names of the add/layout nodes downstream of the mask path that carry its fill into the attention scores
+    (a bias folded into a model's own scores, as bertopt's DeBERTa rewrite does): in fp16 the fill becomes -inf, and
+    a row of -inf makes Softmax NaN."""
+    carried = {o for n in graph.node if n.name in mask_nodes for o in n.output}
+    names = set()
+    for node in graph.node:
+        if node.name in mask_nodes or node.op_type not in _MASK_CARRIERS:
+            continue
+        if any(i in carried for i in node.input if i):
+            carried.update(node.output)
+            names.add(node.name)
+    return names
+
+
 def unshare_initializers(graph, consumers: set[str]) -> int:
     """Give each of ``consumers`` its own copy of an initializer it shares with other nodes; returns how many
     copies were made. The exporter merges equal constants (a freshly initialised model's LayerNorms all share
@@ -62,7 +83,8 @@ def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     from bertopt.stages.onnx_util import ensure_node_names
 
     ensure_node_names(model.graph)
-    blocked_nodes = sorted(mask_path_nodes(model.graph) | set(keep_nodes))
+    mask_nodes = mask_path_nodes(model.graph)
+    blocked_nodes = sorted(mask_nodes | mask_carrier_nodes(model.graph, mask_nodes) | set(keep_nodes))
     unshare_initializers(model.graph, set(blocked_nodes) | {n.name for n in model.graph.node
                                                             if n.op_type in keep_fp32_ops})
     wrapper = OnnxModel(model)

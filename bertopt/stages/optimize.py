@@ -5,9 +5,9 @@ RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), D
 attention) and ModernBERT (rotary attention, GeGLU) get ONNX Runtime's LayerNorm and GELU fusions only, which the
 report says. A family with ``attention_fusion`` then gets bertopt's own attention fusion (``bertopt.stages.fusions``):
 MPNet's attention becomes one MultiHeadAttention per layer (the relative position bias and the padding mask summed
-once into its attention_bias); DeBERTa-v2's disentangled attention becomes MultiHeadAttention with its c2p + p2c
-bias; ModernBERT's rotary attention becomes two RotaryEmbedding (q, k) + one MultiHeadAttention
-per layer."""
+once into its attention_bias); DeBERTa-v2's disentangled attention gets its c2p + p2c terms by block Gathers
+through one index per model instead of GatherElements through per-layer (B, N, S, S) copies; ModernBERT's
+rotary attention becomes two RotaryEmbedding (q, k) + one MultiHeadAttention per layer."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def test_models_script_smoke(tmp_path):
     docs_before = (ROOT / "docs" / "models.md").read_text()
     proc = _run("models.py", "--families", "bert,roberta", "--hidden", 32, "--layers", 1, "--heads", 2,
                 "--no-heads", "--no-minilm", "--no-mpnet", "--no-docs", "--mixed-texts", 8, "--fidelity-texts", 8,
-                "--rounds", 1, "--out", tmp_path / "art", "--json", out)
+                "--rounds", 1, "--min-round-s", 0.2, "--out", tmp_path / "art", "--json", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     from benchmarks.models import STAGES
@@ -103,4 +103,5 @@ def test_models_script_smoke(tmp_path):
         optimized = next(r for r in rows if r["model"] == model and r["stage"] == "optimize")
         assert optimized["fused_ops"].get("Attention") == 1, optimized["fused_ops"]
         assert optimized["cos_min"] > 0.9999
+    assert json.loads(out.read_text())["meta"]["min_round_s"] == 0.2
     assert (ROOT / "docs" / "models.md").read_text() == docs_before

@@ -1,6 +1,7 @@
 """bertopt's DeBERTa-v2/v3 attention fusion (bertopt.stages.fusions.deberta): every disentangled attention block
-becomes one MultiHeadAttention with the c2p + p2c bias, the fused artifact computes what the export computes on
-padded batches of every shape and for every task head, and int8/fp16 built from it keep their fidelity."""
+is rewritten (c2p and p2c by whole-block Gathers through one shared index, no GatherElements or per-layer index
+copies), the fused artifact computes what the export computes for every real token on padded batches of every
+shape and for every task head, and int8/fp16 built from it keep their fidelity."""
 
 from __future__ import annotations
 
@@ -58,10 +59,16 @@ def test_every_layer_fused_and_equal_to_export(task, tmp_path, embedding):
         hf = build_tiny_family_model(tmp_path / "hf", "deberta-v2", task, layers=LAYERS)
         onnx_art = run_stage("export", hf, {}, tmp_path / "onnx")
         opt = run_stage("optimize", onnx_art, {}, tmp_path / "opt")
-    ops = _ops(opt.model_path)
-    assert ops["MultiHeadAttention"] == LAYERS
-    assert ops["Softmax"] == 0 and ops["Tile"] == 0  # the unfused attention is gone, not left beside it
-    assert opt.manifest["lineage"]["report"]["fused_ops"]["MultiHeadAttention"] == LAYERS
+    before, ops = _ops(onnx_art.model_path), _ops(opt.model_path)
+    assert before["GatherElements"] == 2 * LAYERS and before["Tile"] > 0
+    # the export's attention is gone, not left beside the rewrite: one Softmax and two Gathers per layer
+    assert ops["Softmax"] == LAYERS and ops["GatherElements"] == 0 and ops["Tile"] == 0
+    model = onnx.load(str(opt.model_path))
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    score_gathers = [n for n in model.graph.node if n.op_type == "Gather" and producer.get(n.input[0]) == "Transpose"]
+    assert len(score_gathers) == 2 * LAYERS
+    assert len({n.input[1] for n in score_gathers}) == 2  # c2p's and p2c's index, each built once per model
+    assert opt.manifest["lineage"]["report"]["fused_ops"]["DisentangledAttention"] == LAYERS
     assert opt.manifest["lineage"]["report"]["attention_fusion"] == "deberta"
     ref = ort.InferenceSession(str(onnx_art.model_path), providers=["CPUExecutionProvider"])
     got = ort.InferenceSession(str(opt.model_path), providers=["CPUExecutionProvider"])
@@ -73,6 +80,7 @@ def test_every_layer_fused_and_equal_to_export(task, tmp_path, embedding):
         feeds = _padded_feeds(ref, batch, seq, lengths, seed=seq)
         for name, a, b in zip(names, ref.run(names, feeds), got.run(names, feeds)):
             assert a.shape == b.shape
+            # every position, padding rows included: dynamic int8 takes its activation range over the whole batch
             np.testing.assert_allclose(b, a, atol=1e-4, rtol=0, err_msg=f"{task} {name} {batch}x{seq}")
 
 
@@ -82,7 +90,7 @@ def test_int8_and_fp16_from_the_fused_artifact_keep_fidelity(embedding):
     np.testing.assert_allclose(Predictor(opt, provider="cpu").encode(TEXTS), ref, atol=1e-4)
     for name, config in [("int8", {"mode": "int8-dynamic"}), ("fp16", {"mode": "fp16"})]:
         art = run_stage("quantize", opt, config, tmp / name)
-        assert _ops(art.model_path)["MultiHeadAttention"] == LAYERS
+        assert _ops(art.model_path)["Softmax"] == LAYERS and _ops(art.model_path)["GatherElements"] == 0
         got = Predictor(art, provider="cpu").encode(TEXTS)
         assert np.isfinite(got).all()
         cos = cosine_rows(got, ref)
@@ -98,7 +106,7 @@ def test_per_token_static_and_accuracy_aware_int8_as_faithful_as_unfused(embeddi
     monkeypatch.setattr(fusions, "apply_fusion", lambda *a, **k: {})
     plain = run_stage("optimize", onnx_art, {}, tmp / "opt-unfused")
     monkeypatch.undo()
-    assert _ops(plain.model_path)["MultiHeadAttention"] == 0
+    assert _ops(plain.model_path)["GatherElements"] == 2 * LAYERS
     for name, config in [("pt", {"mode": "int8-dynamic", "per_token": True}), ("static", {"mode": "int8-static"}),
                          ("aware", {"mode": "int8-dynamic", "accuracy_target": "cos_min=0.99"})]:
         fused = run_stage("quantize", opt, config, tmp / name)

@@ -26,38 +26,32 @@ from typing import Any
 
 import numpy as np
 
-from bertopt.stages.fusions.graph import constant_array, remove_dead_nodes, topological_sort
+from bertopt.stages.fusions.graph import GraphIndex, constant_array, remove_dead_nodes, topological_sort
 
 # Longest sequence the rotary caches cover: the largest ModernBERT context (8192 tokens) with headroom.
 CACHE_POSITIONS = 8192
 
 
-class _Graph:
+class _Graph(GraphIndex):
+    """GraphIndex plus the matcher's lookups, each None where the pattern does not hold."""
+
     def __init__(self, model: Any):
         from onnx import numpy_helper
 
-        self.model = model
+        super().__init__(model)
         self.graph = model.graph
         self.nh = numpy_helper
-        self.inits = {i.name: i for i in self.graph.initializer}
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = {}
-        for node in self.graph.node:
-            for o in node.output:
-                self.producer[o] = node
-            for i in node.input:
-                self.consumers.setdefault(i, []).append(node)
         self.outputs = {o.name for o in self.graph.output}
 
     def const(self, name: str) -> np.ndarray | None:
-        return constant_array(self.inits, self.producer.get, name)
+        return constant_array(self.inits, self.producer, name)
 
     def prod(self, name: str, op: str) -> Any | None:
-        node = self.producer.get(name)
+        node = self.producer(name)
         return node if node is not None and node.op_type == op else None
 
     def only_consumer(self, name: str, op: str) -> Any | None:
-        users = self.consumers.get(name, [])
+        users = self.consumers(name)
         if len(users) == 1 and users[0].op_type == op and name not in self.outputs:
             return users[0]
         return None
@@ -69,7 +63,7 @@ class _Graph:
             t = todo.pop(0)
             if t in stop:
                 continue
-            node = self.producer.get(t)
+            node = self.producer(t)
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
