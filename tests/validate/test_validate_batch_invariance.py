@@ -29,18 +29,21 @@ def test_batch_deviation_separates_float_from_dynamic_int8(tiny_onnx, tiny_int8)
     int8 = batch_deviation(Predictor(tiny_int8), texts)
     assert fp32["batch_sizes"] == [1, 7, 32] and fp32["texts"] == 64
     assert fp32["batch_dev"] < 1e-6  # float rounding only
-    assert int8["batch_dev"] > 1e-3  # its neighbours move it
+    # its neighbours move it: measured 7.7e-4 with VNNI, over 1e-3 on AVX2 (whose u8s8 kernels saturate); either way
+    # over 100x float rounding
+    assert int8["batch_dev"] > 1e-4
     assert set(int8["outputs"]) == {"last_hidden_state", "sentence_embedding"}
     assert set(int8["outputs"]["sentence_embedding"]["by_batch_size"]) == {"1", "7", "32"}
 
 
 def test_validate_reports_records_and_gates_batch_dev(cli, tiny_int8, tiny_onnx, tmp_path):
-    code, out, err = cli("validate", tiny_int8.path, "--targets", "cos_min=0.5,batch_dev<=1e-4", "--report-dir",
+    # a bound 10x above float rounding (fp32 < 1e-6 above); the per-tensor int8 measured 1.6e-4 with VNNI, more on AVX2
+    code, out, err = cli("validate", tiny_int8.path, "--targets", "cos_min=0.5,batch_dev<=1e-5", "--report-dir",
                          tmp_path / "r", *FAST)
     assert code == 1, err  # the deviation bound fails the gate
     result = json.loads((tmp_path / "r" / "validation.json").read_text())
     measured = result["metrics"]["batch_dev"]
-    assert measured > 1e-3 and result["batch_invariance"]["invariant"] is False
+    assert measured > 1e-5 and result["batch_invariance"]["invariant"] is False
     assert "BATCH-DEPENDENT" in out and "batch_dev" in out
     manifest = json.loads((tiny_int8.path / "bertopt.json").read_text())
     record = manifest["validation"]["batch_invariance"]
@@ -50,7 +53,7 @@ def test_validate_reports_records_and_gates_batch_dev(cli, tiny_int8, tiny_onnx,
     code, out, _ = cli("inspect", tiny_int8.path)
     assert code == 0 and "BATCH-DEPENDENT" in out and f"{record['batch_dev']:.3g}" in out
 
-    code, out, err = cli("validate", tiny_onnx.path, "--targets", "batch_dev<=1e-4", "--report-dir",
+    code, out, err = cli("validate", tiny_onnx.path, "--targets", "batch_dev<=1e-5", "--report-dir",
                          tmp_path / "r2", *FAST)
     assert code == 0, err
     code, out, _ = cli("inspect", tiny_onnx.path)
