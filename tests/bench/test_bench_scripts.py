@@ -85,16 +85,35 @@ def test_default_candidates_script_smoke(tiny_hf, tmp_path):
 
 @pytest.mark.slow
 def test_models_script_smoke(tmp_path):
-    """benchmarks/models.py (the generator of docs/models.md) on two tiny families: every stage measured, the
-    optimize row says which attention operators were fused, and the docs are left alone with --no-docs."""
+    """benchmarks/models.py (the generator of docs/models.md) on two tiny families next to the real MiniLM: every
+    stage measured, the optimize row says which attention operators were fused, MiniLM's ratio is re-timed in each
+    family's window and the summary holds each family against it, and the docs are left alone with --no-docs."""
     out = tmp_path / "m.json"
     docs_before = (ROOT / "docs" / "models.md").read_text()
     proc = _run("models.py", "--families", "bert,roberta", "--hidden", 32, "--layers", 1, "--heads", 2,
-                "--no-heads", "--no-minilm", "--no-mpnet", "--no-docs", "--mixed-texts", 8, "--fidelity-texts", 8,
+                "--no-heads", "--no-mpnet", "--no-docs", "--mixed-texts", 8, "--fidelity-texts", 8,
                 "--rounds", 1, "--min-round-s", 0.2, "--out", tmp_path / "art", "--json", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    from benchmarks.models import STAGES
+    from benchmarks.models import REAL_MODEL_COS_MIN, STAGES, best_stage, paired_vs_yardstick
+
+    minilm = {r["stage"]: r for r in rows if r["model"] == "minilm"}
+    assert list(minilm) == ["pytorch-fp32", "pytorch-bf16", *STAGES[1:]]
+    assert not any("yardstick_round_s" in r for r in minilm.values())
+    _, yard_stage = best_stage(rows, "minilm")
+    assert minilm[yard_stage]["cos_min"] >= REAL_MODEL_COS_MIN  # a real model's best stage is a faithful one
+    summary = proc.stdout[proc.stdout.index("| model | best stage"):]
+    for model in ("bert", "roberta"):
+        mine = [r for r in rows if r["model"] == model]
+        assert all(len(r["round_s"]) == 1 and len(r["yardstick_round_s"]["best"]) == 1 for r in mine)
+        ratio, stage = best_stage(rows, model)
+        # the paired figure from the round's own four timings
+        row, bf16 = (next(r for r in mine if r["stage"] == s) for s in (stage, "pytorch-bf16"))
+        want = (bf16["round_s"][0] / row["round_s"][0]) / (
+            row["yardstick_round_s"]["pytorch-bf16"][0] / row["yardstick_round_s"]["best"][0])
+        assert paired_vs_yardstick(rows, model, stage) == [want]
+        line = next(line for line in summary.splitlines() if line.startswith(f"| {model} |"))
+        assert line.split(" | ")[1] == stage and line.split(" | ")[3:5] == [f"{ratio:.2f}", f"{want:.0%}"], line
 
     for model in ("bert", "roberta"):
         stages = [r["stage"] for r in rows if r["model"] == model]
