@@ -12,6 +12,7 @@ import pytest
 from bertopt.artifact import Artifact
 from bertopt.data import corpus
 from bertopt.errors import UserError
+from bertopt.records import cpu_features
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 
@@ -89,6 +90,19 @@ def test_compile_refuses_fused_onnxruntime_graph(tiny_optimized, tmp_path, cli):
     assert code == 2
     assert "contrib ops" in err and "before 'optimize'" in err
     assert not out.exists() and not list(tmp_path.glob(".ov.tmp-*"))
+
+
+@pytest.mark.skipif(not cpu_features() & {"avx512_bf16", "amx_bf16"},
+                    reason="OpenVINO runs bf16 as f32 on a CPU without native bf16: nothing drifts to refuse")
+def test_compile_drift_refusal_names_the_fix_that_applies(tiny_onnx, ov_bf16, tmp_path, cli):
+    code, _, err = cli("compile", tiny_onnx.path, "--out", tmp_path / "a", "--inference-precision", "bf16",
+                       "--min-cosine", "1")
+    assert code == 2 and "drifts from its input" in err and "use --inference-precision f32 or lower --min-cosine" in err
+    # already f32: the drift is the bf16 parent's, so f32 is no fix to offer
+    code, _, err = cli("compile", ov_bf16.path, "--out", tmp_path / "b", "--inference-precision", "f32",
+                       "--min-cosine", "1")
+    assert code == 2 and err.strip().endswith("lower --min-cosine") and "--inference-precision" not in err
+    assert not list(tmp_path.iterdir())
 
 
 def test_compile_cli_writes_artifact(tiny_onnx, tmp_path, cli):
