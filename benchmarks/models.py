@@ -397,7 +397,7 @@ def main(argv=None) -> int:
         rows.extend(found)
         if label == "minilm":  # the yardstick: re-timed beside every other embedding model
             yardstick = {"pytorch-bf16": preds["pytorch-bf16"], "best": preds[best_stage(found, "minilm")[1]]}
-        del preds
+        del preds  # free this model's sessions before the next model's are built (MiniLM's pair lives on)
     wall = time.perf_counter() - t0
     info = machine_info()
     meta = {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "max_seq_len": args.max_seq_len,
@@ -405,7 +405,7 @@ def main(argv=None) -> int:
             "fidelity_texts": args.fidelity_texts, "rounds": args.rounds, "min_round_s": args.min_round_s,
             "threads": args.threads,
             "machine": f"{info.get('cpu_model') or platform.machine()}, {os.cpu_count()} CPUs, "
-                       f"{', '.join(info.get('cpu_features') or ['no AVX2'])}",
+                       f"{', '.join(info.get('cpu_features') or ['vector features not read'])}",
             "cpu_features": info.get("cpu_features", []), "load_average_at_end": info.get("load_average"),
             "wall_s": wall}
     print(table(rows))
