@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,7 +55,13 @@ LANE_PRIORITY, LANE_BULK = b"p", b"b"
 HTTP_IDENTITY = b"\x00bertopt-http"
 
 
-class ProtocolError(Exception):
+class RequestError(ValueError):
+    """A request that cannot be served, with a one-line reason; every front end answers it as an error reply
+    (ZeroMQ: the error frame below; HTTP: a 4xx JSON body) and carries on. The request parsers raise nothing
+    else on any input (``tests/serve/test_serve_request_fuzz.py``)."""
+
+
+class ProtocolError(RequestError):
     """A request that cannot be served; ``identity``/``request_id`` say where to send the error (or None)."""
 
     def __init__(self, message: str, identity: bytes | None = None, request_id: bytes | None = None):
@@ -111,7 +117,92 @@ def check_items(items: list) -> str | None:
     return None
 
 
-def parse_request(frames: list[bytes], max_bytes: int) -> Request:
+# -- bounded decoding (shared by the ZeroMQ and HTTP front ends) ---------------------------------------------
+# the deepest valid request nests 3 levels (a list of token-id lists inside an object); json.loads recurses once
+# per level, so a message nested 100,000 deep would end in RecursionError: depth is checked before parsing
+MAX_JSON_DEPTH = 16
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+_SCAN_CHUNK = 1 << 22
+
+
+def json_depth(data: bytes, stop_above: int | None = None) -> int:
+    """How deep JSON arrays and objects nest in ``data`` (brackets inside strings do not count), without
+    parsing it. Exact for valid JSON; for invalid JSON exact up to the first error, which is where json.loads
+    stops too. Linear, in C/numpy passes over ``data`` (tens of ms per MB); stops once past ``stop_above``."""
+    # after these two replacements no escaped quote is left, so every '"' opens or closes a string
+    # (an escaped backslash first: in '\\"' the quote is not escaped)
+    structure = data.replace(b"\\\\", b"__").replace(b'\\"', b"__").translate(None, _NOT_STRUCTURE)
+    codes = np.frombuffer(structure, dtype=np.uint8)
+    depth = deepest = 0
+    in_string = 0
+    for start in range(0, len(codes), _SCAN_CHUNK):
+        chunk = codes[start:start + _SCAN_CHUNK]
+        quote = (chunk == ord('"')).view(np.uint8)
+        parity = np.bitwise_xor.accumulate(quote) ^ in_string  # 1 inside a string (and on its opening quote)
+        in_string = int(parity[-1])
+        outside = (parity == 0) & (quote == 0)
+        step = ((chunk == ord("[")) | (chunk == ord("{"))).astype(np.int8) - ((chunk == ord("]")) | (chunk == ord("}")))
+        levels = np.cumsum(np.where(outside, step, 0), dtype=np.int64) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+        if stop_above is not None and deepest > stop_above:
+            break
+    return deepest
+
+
+def decode_json(payload: bytes, max_bytes: int, expect: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The one request decoder of every front end: size, then nesting depth, then ``json.loads``; raises
+    RequestError (naming the limit and the fix) and nothing else. ``expect`` says what to send instead."""
+    if len(payload) > max_bytes:
+        raise RequestError(f"request of {len(payload)} bytes exceeds the server's limit of {max_bytes} "
+                           "(--max-request-bytes); split it into smaller requests")
+    if json.detect_encoding(payload[:4]) not in ("utf-8", "utf-8-sig"):  # the depth scan reads UTF-8 bytes
+        raise RequestError(f"request is not UTF-8 JSON (it looks like {json.detect_encoding(payload[:4])}); "
+                           f"send {expect} encoded as UTF-8")
+    depth = json_depth(payload, max_depth)
+    if depth > max_depth:
+        raise RequestError(f"request JSON nests more than {max_depth} levels deep; send {expect}")
+    try:
+        return json.loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RequestError(f"request payload is not JSON ({str(exc)[:200]}); send {expect}") from None
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may cost, checked before any tokenising (``bertopt serve`` options)."""
+
+    max_texts: int = 2048  # --max-client-batch-size
+    max_text_chars: int = 100_000  # --max-text-chars
+    max_request_chars: int = 4_000_000  # --max-request-chars
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+def check_text_sizes(texts: Sequence[str], limits: RequestLimits, name: str = "text {}",
+                     pairs: Sequence[str] | None = None) -> None:
+    """Characters per text and per request within ``limits`` (a pair's second text counts too), else
+    RequestError naming the first text over the limit (``name`` formats its index)."""
+    total = 0
+    for i, text in enumerate(texts):
+        size = len(text) + (len(pairs[i]) if pairs is not None else 0)
+        if size > limits.max_text_chars:
+            raise RequestError(f"{name.format(i)} has {size} characters, more than this server's limit of "
+                               f"{limits.max_text_chars} (--max-text-chars); shorten or split it")
+        total += size
+    if total > limits.max_request_chars:
+        raise RequestError(f"request holds {total} characters, more than this server's limit of "
+                           f"{limits.max_request_chars} (--max-request-chars); split it into smaller requests")
+
+
+def check_count(n: int, limits: RequestLimits, what: str = "texts") -> None:
+    if n > limits.max_texts:
+        raise RequestError(f"request has {n} {what}, more than this server's limit of {limits.max_texts} "
+                           "(--max-client-batch-size); split it into smaller requests")
+
+
+def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = DEFAULT_LIMITS) -> Request:
     """Check a client message; raise ProtocolError with a reply address when one can be trusted."""
     if len(frames) < 3:
         raise ProtocolError(f"malformed message with {len(frames)} frame(s) and no reply address; dropped")
@@ -132,23 +223,25 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
     payload = frames[1]
     if payload in COMMANDS:
         return Request(identity, request_id, payload, [])
-    if len(payload) > max_bytes:
-        raise ProtocolError(f"request of {len(payload)} bytes exceeds the server's limit of {max_bytes} "
-                            "(--max-request-bytes); split it into smaller requests", identity, request_id)
     try:
-        texts = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request payload is not JSON ({exc}); send a JSON list of strings",
-                            identity, request_id) from None
+        texts = decode_json(payload, max_bytes, "a JSON list of strings")
+    except RequestError as exc:
+        raise ProtocolError(str(exc), identity, request_id) from None
     if not isinstance(texts, list):
         raise ProtocolError(f"request payload is a JSON {type(texts).__name__}, not a list; "
                             "send a JSON list of strings", identity, request_id)
     if not texts:
         raise ProtocolError("request has no texts; send at least one string", identity, request_id)
+    try:
+        check_count(len(texts), limits)
+    except RequestError as exc:
+        raise ProtocolError(str(exc), identity, request_id) from None
     if is_predict_request(texts) or any(isinstance(t, dict) for t in texts):  # Client.predict: task results
         problem = check_items(texts)
         if problem:
             raise ProtocolError(f"malformed predict request: {problem}", identity, request_id)
+        pairs = [i["pair"] for i in texts] if "pair" in texts[0] else None
+        _check_sizes([i["text"] for i in texts], limits, identity, request_id, pairs)
         return Request(identity, request_id, None, texts)
     for i, text in enumerate(texts):
         if isinstance(text, str):
@@ -157,9 +250,23 @@ def parse_request(frames: list[bytes], max_bytes: int) -> Request:
         if isinstance(text, list) and all(isinstance(t, str) for t in text):
             texts[i] = " ".join(text)
             continue
-        raise ProtocolError(f"text {i} is a {type(text).__name__} ({str(text)[:40]}), not a string; "
+        raise ProtocolError(f"text {i} is a {type(text).__name__} ({_preview(text)}), not a string; "
                             "send a JSON list of strings", identity, request_id)
+    _check_sizes(texts, limits, identity, request_id)
     return Request(identity, request_id, None, texts)
+
+
+def _check_sizes(texts, limits, identity, request_id, pairs=None) -> None:
+    try:
+        check_text_sizes(texts, limits, pairs=pairs)
+    except RequestError as exc:
+        raise ProtocolError(str(exc), identity, request_id) from None
+
+
+def _preview(value: Any) -> str:
+    """A short, printable view of a JSON value (no deep recursion, no lone surrogates in the reply)."""
+    text = json.dumps(value)[:40] if not isinstance(value, (list, dict)) else type(value).__name__
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def ndarray_reply(identity: bytes, request_id: bytes, array: np.ndarray) -> list[Any]:

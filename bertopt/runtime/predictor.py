@@ -14,6 +14,7 @@ output (attention masks it), so bucketing changes speed, not values.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,6 +30,29 @@ DEFAULT_BATCH_SIZE = 32
 # keeps short texts (3-10 tokens) in full batches, where per-batch overhead matters more than padding
 BUCKET_GROWTH = 1.25
 BUCKET_SLACK_TOKENS = 8
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: str = "text {}") -> None:
+    """Every text a ``str`` of Unicode scalar values, else UserError naming the first bad one (``name`` formats
+    its index). A lone surrogate (``"a\\ud800b"``, what JSON's ``\\ud800`` escape decodes to) is not a
+    character: the tokenizer cannot encode it and raises mid-batch, so it is refused here, before tokenising.
+    Every front end (ZeroMQ, HTTP, Kafka, Spark) reaches this through ``Predictor.tokenize``, and the servers
+    call it at intake so the request gets its own error reply."""
+    for segments, which in ((texts, ""), (pairs, " (second text)")):
+        if segments is None:
+            continue
+        for i, text in enumerate(segments):
+            if not isinstance(text, str):
+                raise UserError(f"{name.format(i)}{which} is a {type(text).__name__}, not a string; "
+                                "send strings")
+            bad = _SURROGATE.search(text)
+            if bad is not None:
+                raise UserError(f"{name.format(i)}{which} holds a lone surrogate (U+{ord(bad.group()):04X}) at "
+                                f"character {bad.start()}, which is not a Unicode character; send valid UTF-8 "
+                                "text")
 
 
 def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
@@ -110,12 +134,10 @@ class Predictor:
 
     # -- tokenisation ---------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None):
-        for t in texts:
-            if not isinstance(t, str):
-                raise UserError(f"inputs must be strings, got {type(t).__name__}: {t!r}")
+        if pairs is not None and len(pairs) != len(texts):
+            raise UserError(f"got {len(texts)} first segments but {len(pairs)} second segments")
+        check_texts(texts, pairs)
         if pairs is not None:
-            if len(pairs) != len(texts):
-                raise UserError(f"got {len(texts)} first segments but {len(pairs)} second segments")
             return self.tokenizer.encode_batch(list(zip(texts, pairs)))
         return self.tokenizer.encode_batch(list(texts))
 

@@ -83,8 +83,19 @@ def _register_serve(app: typer.Typer) -> None:
                                  "with --http-port: HTTP only)."),
         api_key: Optional[str] = typer.Option(None, "--api-key", envvar="BERTOPT_API_KEY", help="HTTP clients "
                                               "must send 'Authorization: Bearer KEY' (env BERTOPT_API_KEY)."),
-        max_client_batch_size: int = typer.Option(2048, "--max-client-batch-size", min=1, help="Most inputs in one "
-                                                  "HTTP request (more: 413)."),
+        max_client_batch_size: int = typer.Option(2048, "--max-client-batch-size", min=1, help="Most texts in one "
+                                                  "request, ZeroMQ and HTTP (more: an error reply / 413)."),
+        max_text_chars: int = typer.Option(100_000, "--max-text-chars", min=1, help="Most characters in one text "
+                                           "(with its pair); checked before tokenising (more: an error reply / "
+                                           "413)."),
+        max_request_chars: int = typer.Option(4_000_000, "--max-request-chars", min=1, help="Most characters in "
+                                              "one request, all texts together; checked before tokenising."),
+        max_request_tokens: int = typer.Option(1 << 20, "--max-request-tokens", min=1, help="Most tokens in one "
+                                               "request after truncation to --max-seq-len, checked before any "
+                                               "inference (a mini-job holds at most --max-batch-tokens)."),
+        body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.001, help="Seconds an HTTP client may take "
+                                           "to send its request body (then 408); a request is admitted (counted "
+                                           "against --max-concurrent-requests) only once its body is read."),
         max_concurrent_requests: int = typer.Option(512, "--max-concurrent-requests", min=1, help="HTTP requests "
                                                     "admitted at once; beyond it: 429 with Retry-After."),
         request_timeout: float = typer.Option(60.0, "--request-timeout", min=0.001, help="Seconds an HTTP request may "
@@ -105,7 +116,8 @@ def _register_serve(app: typer.Typer) -> None:
         threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", min=1, help="Threads per "
                                                          "worker (default: cores // workers, at least 1)."),
         max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", min=1, help="Larger requests get an "
-                                              "error reply asking to split them."),
+                                              "error reply asking to split them (HTTP: 413, from Content-Length "
+                                              "before the body is read)."),
         grace: float = typer.Option(60.0, "--grace", min=0, help="Seconds to finish in-flight requests on SIGTERM."),
         curve_keys: Optional[str] = typer.Option(None, "--curve-keys", help="Folder with server.key_secret and "
                                                  "authorized/*.key: CurveZMQ encryption + client "
@@ -155,7 +167,9 @@ def _register_serve(app: typer.Typer) -> None:
                           device_map=_device_map(device_map), provider=provider,
                           threads_per_worker=threads_per_worker, max_request_bytes=max_request_bytes,
                           grace_s=grace, curve_keys=curve_keys, zmq=zmq, http_port=http_port, api_key=api_key,
-                          max_client_batch_size=max_client_batch_size,
+                          max_client_batch_size=max_client_batch_size, max_text_chars=max_text_chars,
+                          max_request_chars=max_request_chars, max_request_tokens=max_request_tokens,
+                          body_timeout_s=body_timeout,
                           max_concurrent_requests=max_concurrent_requests, request_timeout_s=request_timeout,
                           bulk_nice=bulk_nice)
 

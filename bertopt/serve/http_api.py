@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.errors import UserError
+from bertopt.protocol import RequestError, RequestLimits, check_text_sizes, decode_json
 from bertopt.serve.batching import KIND_IDS, KIND_PAIR, KIND_TEXT
 
 
@@ -42,11 +44,12 @@ OPENAI, TEI = "openai", "tei"
 ROUTE_FOR_TASK = {"embedding": "/embed or /v1/embeddings", "classification": "/predict", "rerank": "/rerank",
                   "token-classification": "/predict",
                   "sparse-embedding": "/embed_sparse"}
-_TEI_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 413: "Validation",
-                    422: "Validation", 429: "Overloaded", 503: "Unhealthy", 504: "Backend"}
+_TEI_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 405: "Validation", 408: "Validation",
+                    413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy", 504: "Backend"}
+CLIENT_CLOSED = 499  # the status a request is counted under when its client went away (nginx's convention)
 
 
-class Problem(Exception):
+class Problem(RequestError):
     """A request the server answers with an error status (never a stack trace)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -99,6 +102,8 @@ class RequestHandling:
         self.tokenizer.no_truncation()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._key = self.cfg.api_key.encode() if self.cfg.api_key else None
+        self.limits = RequestLimits(self.cfg.max_client_batch_size, self.cfg.max_text_chars,
+                                    self.cfg.max_request_chars)
         self.token_view = TokenView(self.facts) if self.task == "token-classification" else None
 
     # -- checks -------------------------------------------------------------------------------------------
@@ -128,6 +133,9 @@ class RequestHandling:
                           param=param)
 
     async def read_json(self, request) -> Any:
+        """The body, decoded by the one bounded decoder of both front ends (``protocol.decode_json``): its size
+        from Content-Length before reading (413), counted while reading (chunked bodies too), all of it
+        within ``--body-timeout`` (408), then nesting depth and JSON (400)."""
         limit = self.cfg.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -137,15 +145,37 @@ class RequestHandling:
                 raise Problem(413, f"request body of {declared} bytes exceeds this server's limit of {limit} "
                               "(--max-request-bytes); split the request")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise Problem(413, f"request body exceeds this server's limit of {limit} bytes "
-                              "(--max-request-bytes); split the request")
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Problem(400, f"request body is not valid JSON ({exc}); send a JSON object") from None
+            async with asyncio.timeout(self.cfg.body_timeout_s):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:
+                        raise Problem(413, f"request body exceeds this server's limit of {limit} bytes "
+                                      "(--max-request-bytes); split the request")
+        except TimeoutError:
+            raise Problem(408, f"the request body was not received within {self.cfg.body_timeout_s:g} s "
+                          f"(--body-timeout; {len(body)} bytes arrived); send the whole body promptly",
+                          headers={"Connection": "close"}) from None
+        try:
+            return decode_json(bytes(body), limit, "a JSON object")
+        except RequestError as exc:
+            raise Problem(400, str(exc).replace("request payload is not JSON", "request body is not valid JSON")
+                          ) from None
+
+    def check_texts(self, texts: list, pairs: list | None, param: str, status: int) -> None:
+        """Before tokenising: characters per text and request (413; OpenAI routes 400) and valid Unicode (the
+        runtime's check; 422 / 400), each naming the input."""
+        name = f"'{param}[{{}}]'"
+        try:
+            check_text_sizes(texts, self.limits, name, pairs)
+        except RequestError as exc:
+            raise Problem(status, str(exc), param=param) from None
+        from bertopt.runtime.predictor import check_texts
+
+        try:
+            check_texts(texts, pairs, name)
+        except UserError as exc:
+            raise Problem(400 if status == 400 else 422, str(exc), param=param) from None
 
     # -- token counting -----------------------------------------------------------------------------------
     async def count_tokens(self, items: list, kind: bytes, truncate: bool, param: str, status: int) -> list[int]:
@@ -154,6 +184,8 @@ class RequestHandling:
         if kind == KIND_IDS:
             lengths = [len(ids) for ids in items]
         else:
+            pairs = [p[1] for p in items] if kind == KIND_PAIR else None
+            self.check_texts([p[0] for p in items] if kind == KIND_PAIR else items, pairs, param, status)
             encode = self.tokenizer.encode_batch
             seqs = [tuple(p) for p in items] if kind == KIND_PAIR else items
             # a big batch is tokenized off the event loop (the Rust tokenizer releases the GIL)
@@ -165,7 +197,12 @@ class RequestHandling:
             raise Problem(status, f"input {i} has {longest} tokens, more than this model's limit of "
                           f"{self.max_seq_len}; shorten it, or send \"truncate\": true to cut it to the limit",
                           param=param, code="context_length_exceeded")
-        return [min(n, self.max_seq_len) for n in lengths]
+        lengths = [min(n, self.max_seq_len) for n in lengths]
+        limit = self.cfg.max_request_tokens
+        if sum(lengths) > limit:
+            raise Problem(status, f"request holds {sum(lengths)} tokens, more than this server's limit of {limit} "
+                          "(--max-request-tokens); split the request", param=param)
+        return lengths
 
     async def run(self, kind: bytes, items: list, lengths: list[int]) -> np.ndarray:
         try:
@@ -196,6 +233,9 @@ class RequestHandling:
         if allow_ids and all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
             self.check_count(len(value), param, openai_status)
             for i, ids in enumerate(value):
+                if len(ids) > self.cfg.max_text_chars:
+                    raise Problem(openai_status or 413, f"'{param}[{i}]' has {len(ids)} token ids, more than this "
+                                  f"server's limit of {self.cfg.max_text_chars} (--max-text-chars)", param=param)
                 bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
                 if bad is not None:
                     raise Problem(status, f"'{param}[{i}]' has token id {bad}, outside this model's vocabulary "
@@ -376,13 +416,15 @@ class TeiRoutes(RequestHandling):
         return [[{"index": i, "value": v} for i, v in zip(s["indices"], s["values"])]
                 for s in sparse_vectors(weights)]
 
-    def tei_tokenize(self, body: Any):
+    async def tei_tokenize(self, body: Any):
         if not isinstance(body, dict) or "inputs" not in body:
             raise Problem(422, "request body must be a JSON object with 'inputs'", param="inputs")
         special = self.flag(body, "add_special_tokens", True)
         _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
+        self.check_texts(texts, None, "inputs", 413)
+        encodings = await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens=special)
         out = []
-        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=special):
+        for enc in encodings:
             out.append([{"id": i, "text": t, "special": bool(s), "start": a if not s else None,
                          "stop": b if not s else None}
                         for i, t, s, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
@@ -399,7 +441,9 @@ class TeiRoutes(RequestHandling):
         return {"model_id": self.model_id, "model_sha": f["digest"], "model_dtype": f["precision"],
                 "model_type": model_type, "task": self.task, "artifact": f["artifact"], "digest": f["digest"],
                 "max_input_length": self.max_seq_len, "max_batch_tokens": c.max_batch_tokens,
-                "max_client_batch_size": c.max_client_batch_size,
+                "max_client_batch_size": c.max_client_batch_size, "max_text_chars": c.max_text_chars,
+                "max_request_chars": c.max_request_chars, "max_request_tokens": c.max_request_tokens,
+                "max_request_bytes": c.max_request_bytes, "body_timeout_s": c.body_timeout_s,
                 "max_concurrent_requests": c.max_concurrent_requests, "num_worker": c.num_worker,
                 "runtime": {k: worker.get(k) for k in ("backend", "provider", "threads")},
                 "version": __version__, "ready": self.front.ready}
@@ -444,6 +488,7 @@ def build_app(front):
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
     from starlette.responses import Response
     from starlette.routing import Route
 
@@ -457,6 +502,9 @@ def build_app(front):
             try:
                 if auth:
                     api.check_key(request.headers)
+                # the body is read before admission: a slow (or stalled) upload holds no admission slot, and
+                # is cut off after --body-timeout
+                payload = await api.read_json(request) if body else None
                 if admit:
                     if not front.ready or not front.workers_ready():
                         raise Problem(503, "the server is loading its workers; retry shortly",
@@ -468,10 +516,13 @@ def build_app(front):
                     front.in_flight += 1
                     metrics.in_flight.inc()
                     admitted = True
-                result = await handler(await api.read_json(request)) if body else await handler()
+                result = await handler(payload) if body else await handler()
                 response = result if isinstance(result, Response) else _json(result)
             except Problem as p:
                 response = error_response(style, p)
+            except ClientDisconnect:  # the client went away mid-upload: nothing to answer, nothing broken
+                log.info("HTTP %s: the client disconnected before sending its whole request", route)
+                response = error_response(style, Problem(CLIENT_CLOSED, "client closed the connection"))
             except Exception:  # a bug: logged with its traceback here, never sent to the client
                 log.exception("HTTP %s failed", route)
                 response = error_response(style, Problem(500, "internal server error; see the server log"))
@@ -514,12 +565,23 @@ def build_app(front):
         Route("/predict", endpoint("/predict", TEI, api.tei_predict, admit=True), methods=["POST"]),
         Route("/rerank", endpoint("/rerank", TEI, api.tei_rerank, admit=True), methods=["POST"]),
         Route("/embed_sparse", endpoint("/embed_sparse", TEI, api.tei_embed_sparse, admit=True), methods=["POST"]),
-        Route("/tokenize", endpoint("/tokenize", TEI, sync(api.tei_tokenize)), methods=["POST"]),
+        Route("/tokenize", endpoint("/tokenize", TEI, api.tei_tokenize, admit=True), methods=["POST"]),
         Route("/health", endpoint("/health", TEI, health, auth=False, body=False), methods=["GET"]),
         Route("/info", endpoint("/info", TEI, sync(api.info), body=False), methods=["GET"]),
         Route("/metrics", endpoint("/metrics", TEI, prometheus, body=False), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    async def no_route(request, exc):
+        """404 / 405 in OpenAI's error schema (a JSON body, like every other answer), not Starlette's text."""
+        status = getattr(exc, "status_code", 404)
+        if status == 405:
+            message = f"{request.method} is not allowed on {request.url.path}; use {exc.headers.get('Allow', '')}"
+        else:
+            message = f"no route {request.url.path}; see /v1/models, /embed, /predict, /rerank, /health"
+        metrics.requests.labels("unrouted", str(status)).inc()
+        return error_response(OPENAI, Problem(status, message, code="not_found" if status == 404 else None,
+                                              headers=dict(exc.headers or {})))
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route, 405: no_route})
 
 
 def _a(word: str) -> str:

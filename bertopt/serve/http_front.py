@@ -79,8 +79,11 @@ class HttpFront:
         from bertopt.serve.http_api import build_app
 
         self.ventilator = ventilator
+        # uvicorn's own bounds: request line + headers at most 16 KiB (h11), an idle keep-alive connection closed
+        # after 5 s; the body is bounded by http_api (--max-request-bytes, --body-timeout)
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=int(max(1, self.cfg.grace_s)))
+                                timeout_graceful_shutdown=int(max(1, self.cfg.grace_s)), http="h11",
+                                h11_max_incomplete_event_size=16 * 1024, timeout_keep_alive=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]},
                                         name="bertopt-http", daemon=True)

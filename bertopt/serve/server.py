@@ -4,14 +4,14 @@
                            ^   supervises workers, re-sends the mini-jobs of a dead one    |
                            +--------------------- status/errors ---------------------------+
 
-Workers are real processes (``python -m bertopt.serve.worker``), each with one Predictor; on CPU the cores are
+Workers are real processes (``python -I -m bertopt.serve.worker``: isolated from the current folder, the user
+site and PYTHON* variables, with a trimmed environment), each with one Predictor; on CPU the cores are
 split between them (threads per worker = cores // workers, at least 1). SIGTERM/SIGINT: stop taking requests,
 finish every request taken, stop workers and sink, return normally (exit 0).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
@@ -24,6 +24,7 @@ from typing import Callable
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
+from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20
@@ -52,6 +53,10 @@ class ServeConfig:
     http_port: int | None = None
     api_key: str | None = None
     max_client_batch_size: int = 2048
+    max_text_chars: int = 100_000
+    max_request_chars: int = 4_000_000
+    max_request_tokens: int = 1 << 20
+    body_timeout_s: float = 30.0
     max_concurrent_requests: int = 512
     request_timeout_s: float = 60.0
     bulk_nice: int = 10
@@ -66,11 +71,14 @@ class ServeConfig:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
         if self.http_port is not None and not 1 <= self.http_port <= 65535:
             raise UserError(f"--http-port {self.http_port} is not a TCP port; use 1-65535")
-        for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1)):
+        for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1),
+                          ("max_text_chars", 1), ("max_request_chars", 1), ("max_request_tokens", 1)):
             if getattr(self, name) < low:
                 raise UserError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
         if not 0 <= self.bulk_nice <= 19:
             raise UserError(f"--bulk-nice must be 0-19, got {self.bulk_nice}")
+        if self.body_timeout_s <= 0:
+            raise UserError(f"--body-timeout must be positive, got {self.body_timeout_s}")
         if self.request_timeout_s <= 0:
             raise UserError(f"--request-timeout must be positive, got {self.request_timeout_s}")
         if self.api_key is not None and not self.api_key.strip():
@@ -177,8 +185,7 @@ class Server:
                 "grace_s": self.cfg.grace_s, "log_level": self.cfg.log_level,
                 "curve_secret": curve[1] if curve else None, "http_reply": http_reply,
                 "curve_authorized": str(Path(self.cfg.curve_keys) / "authorized") if curve else None}
-        self.sink_proc = subprocess.Popen([sys.executable, "-m", "bertopt.serve.sink", json.dumps(scfg)],
-                                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.sink_proc = start_child("bertopt.serve.sink", scfg, stdout=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.sink_proc.stdout], [], [], 60)
         line = self.sink_proc.stdout.readline().strip() if ready else ""
         self.sink_proc.stdout.close()

@@ -1,7 +1,7 @@
 """The sink process: reassembles mini-job results into one reply per request and publishes it.
 
-Started as ``python -m bertopt.serve.sink CONFIG_JSON``; prints ``PORT <n>`` (its internal PULL port) or
-``ERROR <message>`` as its only stdout line, then logs to stderr.
+Started as ``python -I -m bertopt.serve.sink`` (its configuration a JSON line on stdin); prints ``PORT <n>``
+(its internal PULL port) or ``ERROR <message>`` as its only stdout line, then logs to stderr.
 
 * Exactly one reply per request: results are keyed by (client identity, request id, job index); a job seen
   twice (re-sent after a worker died) and anything arriving for an already answered request is dropped and
@@ -35,6 +35,7 @@ from bertopt.serve.task_replies import TASK_RESULT, TaskAssembly, task_reply
 
 log = logging.getLogger("bertopt.serve.sink")
 FINISHED_MEMORY = 200_000  # answered request keys remembered to drop late duplicates
+STOP_HOLD_S = 1.0  # once stopping, how long a reply still waits for its client's subscription
 
 
 class Assembler:
@@ -210,6 +211,14 @@ class Publisher:
             if not q:
                 del self.held[identity]
 
+    def shorten_hold(self, hold_s: float) -> None:
+        """Stopping: a client that has not subscribed by now gets ``hold_s`` more, not the full hold, so
+        replies owed to clients that never subscribe cannot keep the server from exiting."""
+        self.hold_s = min(self.hold_s, hold_s)
+        until = time.monotonic() + self.hold_s
+        for identity, q in self.held.items():
+            self.held[identity] = deque((min(deadline, until), frames) for deadline, frames in q)
+
     def waiting(self) -> int:
         return sum(len(q) for q in self.held.values())
 
@@ -244,6 +253,7 @@ class Sink:
         elif tag == SINK_STOP:
             self.expected = int(frames[1])
             self.stop_deadline = time.monotonic() + float(self.cfg.get("grace_s", 30.0))
+            self.out.shorten_hold(STOP_HOLD_S)
         else:
             log.error("sink: dropped an internal message with tag %r and %d frames", tag[:10], len(frames))
         if reply is not None:
@@ -303,8 +313,9 @@ def run_sink(cfg: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = json.loads(argv[0])
+    from bertopt.serve.processes import read_config
+
+    cfg = read_config(sys.argv[1:] if argv is None else argv)
     # the server decides when the sink stops (a process-group SIGINT/SIGTERM must not cut the drain short)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -26,11 +26,11 @@ import itertools
 import json
 import logging
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from bertopt.errors import UserError
 from bertopt.protocol import (
     CONFIG,
     DONE,
@@ -45,10 +45,14 @@ from bertopt.protocol import (
     STOP,
     ProtocolError,
     Request,
+    RequestError,
+    RequestLimits,
     num,
     parse_request,
 )
+from bertopt.runtime.predictor import check_texts
 from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
+from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
@@ -130,8 +134,7 @@ class WorkerPool:
     def spawn(self, slot: WorkerSlot) -> None:
         wcfg = dict(self.worker_cfg, index=slot.index, identity=slot.identity.decode())
         wcfg["device"] = self.device_map[slot.index % len(self.device_map)] if self.device_map else None
-        slot.proc = subprocess.Popen([sys.executable, "-m", "bertopt.serve.worker", json.dumps(wcfg)],
-                                     stdin=subprocess.DEVNULL)
+        slot.proc = start_child("bertopt.serve.worker", wcfg)
         slot.ready = False
 
     def start(self, timeout_s: float, progress=None) -> None:
@@ -375,6 +378,7 @@ class Ventilator:
         self.scheduler = Scheduler(cfg, self.pool, self.fail_request, metrics)
         self.started = time.time()
         self.accepting = True
+        self.limits = RequestLimits(cfg["max_client_batch_size"], cfg["max_text_chars"], cfg["max_request_chars"])
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}
@@ -396,16 +400,29 @@ class Ventilator:
     def handle_request(self, frames: list[bytes]) -> None:
         """A ZeroMQ client's message: an encode request, a status request, or something to reject."""
         try:
-            req = parse_request(frames, self.cfg["max_request_bytes"])
+            req = parse_request(frames, self.cfg["max_request_bytes"], self.limits)
         except ProtocolError as exc:
             self._reject(exc)
+            return
+        except Exception:  # a bug: no message may end the server (the parser raises ProtocolError only)
+            log.exception("could not read a client message; dropped")
+            self.counters["dropped_no_address"] += 1
             return
         self.replies_owed += 1
         if req.command is not None:
             self.counters["status_requests"] += 1
             self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])
             return
-        self.enqueue(req)
+        try:
+            self.enqueue(req)
+        except (UserError, RequestError) as exc:  # bad text, too many tokens: this request's error reply
+            self.counters["rejected"] += 1
+            log.warning("rejected a request from %r: %s", req.identity[:40], exc)
+            self.fail_request(req.key, str(exc))
+        except Exception as exc:  # a bug: the client still gets its one reply, the server lives on
+            log.exception("request %r of %r failed at intake", req.request_id, req.identity[:40])
+            self.fail_request(req.key, f"the server could not take this request ({type(exc).__name__}); "
+                                       "see the server log")
 
     def _reject(self, exc: ProtocolError) -> None:
         if exc.identity is None:
@@ -418,10 +435,18 @@ class Ventilator:
         self.sink.send_multipart([ERROR, exc.identity, exc.request_id, str(exc).encode()])
 
     def token_lengths(self, texts: list, pairs: list | None = None) -> list[int]:
+        """Tokens per text (at most max_seq_len: the model's view); the texts are checked first (valid Unicode,
+        UserError naming the text), and the request's total against --max-request-tokens (RequestError)."""
+        check_texts(texts, pairs)
         if self.tokenizer is None:
             return [1] * len(texts)
         seqs = texts if pairs is None else list(zip(texts, pairs))
-        return [len(e.ids) for e in self.tokenizer.encode_batch(seqs)]
+        lengths = [len(e.ids) for e in self.tokenizer.encode_batch(seqs)]
+        limit = self.cfg["max_request_tokens"]
+        if sum(lengths) > limit:
+            raise RequestError(f"request holds {sum(lengths)} tokens, more than this server's limit of {limit} "
+                               "(--max-request-tokens); split it into smaller requests")
+        return lengths
 
     def enqueue(self, req: Request) -> None:
         from bertopt.protocol import is_predict_request
@@ -467,7 +492,9 @@ class Ventilator:
             "bertopt_version": __version__,
             **{k: c.get(k) for k in ("artifact", "digest", "precision", "task", "embedding_dim", "max_seq_len",
                                      "max_batch_size", "max_batch_tokens", "priority_batch_size",
-                                     "priority_tokens", "max_request_bytes", "num_worker", "threads_per_worker",
+                                     "priority_tokens", "max_request_bytes", "max_client_batch_size",
+                                     "max_text_chars", "max_request_chars", "max_request_tokens", "num_worker",
+                                     "threads_per_worker",
                                      "device_map", "bind", "port", "port_out", "http_port")},
             "curve": bool(c.get("curve_keys")),
             "show_tokens_to_client": False,

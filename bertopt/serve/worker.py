@@ -1,6 +1,7 @@
 """A worker process: one Predictor (bertopt's runtime, so served = validated), mini-jobs in, embeddings out.
 
-Started by the server as ``python -m bertopt.serve.worker CONFIG_JSON``. A mini-job packs pieces of one or
+Started by the server as ``python -I -m bertopt.serve.worker`` (its configuration a JSON line on stdin).
+A mini-job packs pieces of one or
 more requests (texts, text pairs or token-id lists); the worker runs them as one batch and sends each piece's
 rows to the sink separately, so packing is invisible to the sink and the clients. It connects a DEALER to the
 ventilator (jobs in, READY/DONE out) and a PUSH per lane thread to the sink (results out). Two lane threads
@@ -267,8 +268,9 @@ def run_worker(cfg: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = json.loads(argv[0])
+    from bertopt.serve.processes import read_config
+
+    cfg = read_config(sys.argv[1:] if argv is None else argv)
     # Ctrl-C, and SIGTERM sent to the whole process group (systemd, `timeout`, some container inits), reach the
     # workers too; the server decides when they stop (after draining), and they exit if the server dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

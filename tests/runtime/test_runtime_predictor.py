@@ -50,8 +50,14 @@ def test_token_outputs_are_trimmed_and_long_texts_truncated(tiny_onnx):
 
 def test_bad_inputs_are_clear_errors(tiny_onnx):
     pred = Predictor(tiny_onnx)
-    with pytest.raises(UserError, match="inputs must be strings"):
+    with pytest.raises(UserError, match="text 0 is a NoneType, not a string"):
         pred.encode([None])
+    # a lone surrogate (JSON's "\\ud800" decodes to one) is refused before the tokenizer sees it
+    with pytest.raises(UserError, match=r"^text 1 holds a lone surrogate \(U\+D800\) at character 1, which is not"):
+        pred.encode(["fine", "a\ud800b"])
+    with pytest.raises(UserError, match=r"text 0 \(second text\) holds a lone surrogate \(U\+DFFF\)"):
+        pred.run(["q"], pairs=["\udfff"])
+    assert pred.encode(["a\U0001F600b"]).shape == (1, 32)  # a real astral character is fine
     with pytest.raises(UserError, match="exceeds the model's 64 positions"):
         Predictor(tiny_onnx, max_seq_len=1000)
     with pytest.raises(UserError, match="unknown output 'logits'"):

@@ -120,7 +120,8 @@ def test_worker_killed_mid_request_every_request_answered_once(tiny_onnx, tiny_p
 
 
 def test_sigterm_finishes_in_flight_requests_and_leaves_no_processes(tiny_onnx, tiny_predictor, start_server):
-    server = start_server(tiny_onnx.path, "--max-batch-size", "4", num_worker=2)
+    # 3000 texts in one request: over the default --max-client-batch-size (2048), so the limit is raised
+    server = start_server(tiny_onnx.path, "--max-batch-size", "4", "--max-client-batch-size", "4096", num_worker=2)
     texts = make_texts(3000, seed=11)
     with server.client(timeout=120) as client:
         future = client.encode_async(texts)

@@ -1,0 +1,40 @@
+"""How the server starts its worker and sink processes: isolated, with only the environment they need."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# what a worker or the sink takes from the server's environment (the rest, API keys included, stays behind):
+# locale, home and temp folders, the loader and GPU selection, thread-pool and runtime settings
+_CHILD_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+                    "LD_LIBRARY_PATH", "SYSTEMROOT", "TOKENIZERS_PARALLELISM", "BERTOPT_CACHE_DIR",
+                    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}
+_CHILD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ORT_", "OV_", "OPENVINO_",
+                       "TF_")
+
+
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker or the sink starts with: only what running a model needs."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in _CHILD_ENV_NAMES or k.startswith(_CHILD_ENV_PREFIXES)}
+
+
+def start_child(module: str, config: dict, **popen_kw) -> subprocess.Popen:
+    """Start ``python -I -m MODULE`` and hand it ``config`` as one JSON line on stdin (not on the command line,
+    where every local user could read a CurveZMQ secret with ``ps``). ``-I``: isolated, so a ``zlib.py`` or
+    ``json.py`` in the folder the server was started from, PYTHONPATH and user site-packages are never
+    imported by a worker or the sink."""
+    proc = subprocess.Popen([sys.executable, "-I", "-m", module], stdin=subprocess.PIPE, env=child_env(),
+                            **popen_kw)
+    data = json.dumps(config) + "\n"
+    proc.stdin.write(data if popen_kw.get("text") else data.encode())
+    proc.stdin.close()
+    return proc
+
+
+def read_config(argv: list[str]) -> dict:
+    """A child's configuration: the JSON line on stdin (or, run by hand, the first argument)."""
+    return json.loads(argv[0] if argv else sys.stdin.readline())
