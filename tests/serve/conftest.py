@@ -19,7 +19,10 @@ from bertopt.testing import alive, descendants, free_port  # noqa: E402,F401
 
 class ServerProcess:
     def __init__(self, artifact, tmp: Path, *args: str, num_worker: int = 2, ready_timeout: float = 120.0,
-                 http: bool = False, new_session: bool = False):
+                 http: bool = False, new_session: bool = False, cwd: Path | None = None,
+                 command: list[str] | None = None, env: dict[str, str] | None = None):
+        """``command``: how to start bertopt (default ``python -m bertopt.cli``); ``cwd``: the folder it starts
+        in (default the repository); ``env``: extra environment variables."""
         self.port, self.port_out = free_port(), free_port()
         while self.port_out == self.port:
             self.port_out = free_port()
@@ -30,11 +33,12 @@ class ServerProcess:
                 self.http_port = free_port()
             args = ("--http-port", str(self.http_port), *args)
         self.out_path, self.err_path = tmp / "serve.out", tmp / "serve.err"
-        cmd = [sys.executable, "-m", "bertopt.cli", "serve", str(artifact), "--port", str(self.port),
+        cmd = [*(command or [sys.executable, "-m", "bertopt.cli"]), "serve", str(artifact), "--port", str(self.port),
                "--port-out", str(self.port_out), "--num-worker", str(num_worker), *args]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
-                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env, start_new_session=new_session)
+                                     stdin=subprocess.DEVNULL, cwd=cwd or REPO, env=env,
+                                     start_new_session=new_session)
         self.children: set[int] = set()
         deadline = time.monotonic() + ready_timeout
         while "ready on" not in self.out_path.read_text():
