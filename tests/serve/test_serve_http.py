@@ -338,7 +338,8 @@ def test_bulk_lane_threads_run_niced_so_priority_work_gets_the_cores(http_server
 
 def test_request_timeout_answers_504_and_the_late_reply_is_dropped(tiny_onnx, start_server):
     server = start_server(tiny_onnx.path, "--no-zmq", "--request-timeout", "0.001", http=True, num_worker=1)
-    r = httpx.post(server.url + "/embed", json={"inputs": ["hello world"] * 200}, timeout=60)
+    # 2000 texts: the fleet cannot answer before the event loop runs the 1 ms timer, even on a loaded machine
+    r = httpx.post(server.url + "/embed", json={"inputs": ["hello world"] * 2000}, timeout=60)
     assert r.status_code == 504 and "--request-timeout" in r.json()["error"]
     o = httpx.post(server.url + "/v1/embeddings", json={"input": "hello", "model": "m"}, timeout=60)
     assert o.status_code == 504 and o.json()["error"]["type"] == "timeout_error"
