@@ -122,6 +122,8 @@ class SinkSockets:
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.pub.setsockopt(zmq.SNDHWM, 0)  # a reply is never dropped by the high-water mark
         self.pub.setsockopt(zmq.LINGER, 2000)
+        # what clients send here is subscriptions (a client id, at most 255 bytes): anything larger is hostile
+        self.pub.setsockopt(zmq.MAXMSGSIZE, 4096)
         self.http = None
         if cfg.get("http_reply"):
             self.http = self.ctx.socket(zmq.PUSH)
