@@ -86,6 +86,12 @@ def num(value: int) -> bytes:
     return b"%d" % value
 
 
+def message_bytes(message: str) -> bytes:
+    """An error message as UTF-8 for the wire; anything unencodable (a lone surrogate quoted from a request)
+    becomes a backslash escape instead of an exception in the middle of answering."""
+    return message.encode("utf-8", "backslashreplace")
+
+
 # a predict request (bertopt's Client.predict) is a list of objects: {"text", "pair"?, "aggregation"?}
 PREDICT_ITEM_KEYS = {"text", "pair", "aggregation"}
 

@@ -47,6 +47,7 @@ from bertopt.protocol import (
     Request,
     RequestError,
     RequestLimits,
+    message_bytes,
     num,
     parse_request,
 )
@@ -394,7 +395,7 @@ class Ventilator:
         if key in self.scheduler.failed_requests:
             return
         self.scheduler.failed_requests.add(key)
-        self.sink.send_multipart([ERROR, key[0], key[1], message.encode()])
+        self.sink.send_multipart([ERROR, key[0], key[1], message_bytes(message)])
 
     # -- requests -----------------------------------------------------------------------------------------
     def handle_request(self, frames: list[bytes]) -> None:
@@ -432,7 +433,7 @@ class Ventilator:
         self.counters["rejected"] += 1
         self.replies_owed += 1
         log.warning("rejected a request from %r: %s", exc.identity[:40], exc)
-        self.sink.send_multipart([ERROR, exc.identity, exc.request_id, str(exc).encode()])
+        self.sink.send_multipart([ERROR, exc.identity, exc.request_id, message_bytes(str(exc))])
 
     def token_lengths(self, texts: list, pairs: list | None = None) -> list[int]:
         """Tokens per text (at most max_seq_len: the model's view); the texts are checked first (valid Unicode,

@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 
 from bertopt.errors import UserError
-from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, num
+from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, message_bytes, num
 from bertopt.serve.batching import KIND_PREDICT
 from bertopt.serve.task_replies import TASK_RESULT, TaskRequestError, predict_payload
 
@@ -133,11 +133,12 @@ class LaneRunner:
             try:
                 payload = predict_payload(self.predictor, chunk)
             except (TaskRequestError, UserError) as exc:  # the request asks for what the model cannot do
-                sink.send_multipart([ERROR, identity, request_id, str(exc).encode()])
+                sink.send_multipart([ERROR, identity, request_id, message_bytes(str(exc))])
                 continue
             except Exception as exc:  # the request gets an error reply instead of silence
                 log.error("worker %d: predict failed: %s", self.cfg["index"], traceback.format_exc())
-                sink.send_multipart([ERROR, identity, request_id, f"worker failed on this request: {exc}".encode()])
+                failed = message_bytes(f"worker failed on this request: {exc}")
+                sink.send_multipart([ERROR, identity, request_id, failed])
                 continue
             sink.send_multipart([TASK_RESULT, identity, request_id, num(index), num(n_pieces), num(n_texts),
                                  num(offset), payload])
@@ -160,7 +161,8 @@ class LaneRunner:
             log.error("worker %d: mini-job %s failed: %s", self.cfg["index"], job_id.decode(),
                       traceback.format_exc())
             for identity, request_id, _ in pieces:
-                sink.send_multipart([ERROR, identity, request_id, f"worker failed on this request: {exc}".encode()])
+                failed = message_bytes(f"worker failed on this request: {exc}")
+                sink.send_multipart([ERROR, identity, request_id, failed])
             return
         start = 0
         for identity, request_id, (index, n_pieces, n_texts, offset, count) in pieces:

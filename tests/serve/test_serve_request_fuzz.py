@@ -95,7 +95,8 @@ def _frames():
 def test_zmq_parse_request_gives_a_valid_request_or_a_protocol_error(tokenizer, frames):
     try:
         req = parse_request(frames, 10_000)
-    except ProtocolError:
+    except ProtocolError as exc:
+        str(exc).encode("utf-8")  # the reply's message is valid UTF-8 (request text is quoted escaped)
         return
     assert req.identity and req.request_id.isdigit()
     if req.command is not None:
@@ -109,7 +110,8 @@ def test_zmq_parse_request_gives_a_valid_request_or_a_protocol_error(tokenizer, 
     assert all(isinstance(t, str) for t in texts)
     try:
         check_texts(texts, pairs)  # the ventilator's intake check: a UserError is that request's error reply
-    except UserError:
+    except UserError as exc:
+        str(exc).encode("utf-8")
         return
     tokenizer.encode_batch(texts if pairs is None else list(zip(texts, pairs)))  # never raises after the check
 
