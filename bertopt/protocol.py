@@ -169,9 +169,15 @@ def decode_json(payload: bytes, max_bytes: int, expect: str, max_depth: int = MA
     if depth > max_depth:
         raise RequestError(f"request JSON nests more than {max_depth} levels deep; send {expect}")
     try:
-        return json.loads(payload)
+        return json.loads(payload, parse_constant=_not_json_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RequestError(f"request payload is not JSON ({str(exc)[:200]}); send {expect}") from None
+        # the reason only: Python's own advice after ';' (e.g. "use sys.set_int_max_str_digits()") is not the user's
+        reason = str(exc).split(";")[0][:200]
+        raise RequestError(f"request payload is not JSON ({reason}); send {expect}") from None
+
+
+def _not_json_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
 
 
 @dataclass(frozen=True)

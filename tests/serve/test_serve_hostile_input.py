@@ -95,6 +95,9 @@ def test_zmq_hostile_messages_each_get_an_error_reply_and_the_server_lives_on(ho
          "text 0 (second text) holds a lone surrogate (U+DFFF)"),
         ([b'[' * 17 + b'"x"' + b']' * 17, b"14", b"1"], "nests more than 16 levels"),
         (['["x"]'.encode("utf-16"), b"15", b"1"], "not UTF-8 JSON"),
+        ([b'["a", NaN]', b"16", b"2"], "request payload is not JSON (NaN is not a JSON value)"),
+        ([b"[" + b"7" * 5000 + b"]", b"17", b"1"], "(Exceeds the limit (4300 digits) for integer string conversion: "
+                                                  "value has 5000 digits); send a JSON list of strings"),
     ]
     try:
         for frames, _ in cases:
