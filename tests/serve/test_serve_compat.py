@@ -46,3 +46,15 @@ def test_minilm_round_trip(minilm_onnx, start_server):
     assert got.shape == (5, 384)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     np.testing.assert_allclose(got_bc, want, atol=1e-5, rtol=0)
+
+
+def test_bert_serving_client_sees_the_error_of_a_hostile_text_and_the_server_lives_on(tiny_server, tiny_predictor):
+    """A lone surrogate used to end the server; BertClient (unchanged) now gets the error reply, which it reads
+    as a dtype and so raises naming the message, and its next request is answered."""
+    from bert_serving.client import BertClient
+
+    with BertClient(ip="127.0.0.1", port=tiny_server.port, port_out=tiny_server.port_out, timeout=30000,
+                    check_version=False, check_length=False) as bc:
+        with pytest.raises((TypeError, ValueError), match=r"bertopt serve error: text 1 holds a lone surrogate \(U\+D800\)"):
+            bc.encode(["fine", "a\ud800b"])
+        np.testing.assert_allclose(bc.encode(SENTENCES), tiny_predictor.encode(SENTENCES), atol=1e-5, rtol=0)
