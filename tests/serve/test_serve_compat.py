@@ -55,6 +55,7 @@ def test_bert_serving_client_sees_the_error_of_a_hostile_text_and_the_server_liv
 
     with BertClient(ip="127.0.0.1", port=tiny_server.port, port_out=tiny_server.port_out, timeout=30000,
                     check_version=False, check_length=False) as bc:
-        with pytest.raises((TypeError, ValueError), match=r"bertopt serve error: text 1 holds a lone surrogate \(U\+D800\)"):
+        # numpy's refusal of the message as a dtype: TypeError or ValueError depending on the text
+        with pytest.raises((TypeError, ValueError), match=r"bertopt serve error: text 1 holds a lone surrogate"):
             bc.encode(["fine", "a\ud800b"])
         np.testing.assert_allclose(bc.encode(SENTENCES), tiny_predictor.encode(SENTENCES), atol=1e-5, rtol=0)
