@@ -10,10 +10,10 @@ import sys
 # what a worker or the sink takes from the server's environment (the rest, API keys included, stays behind):
 # locale, home and temp folders, the loader and GPU selection, thread-pool and runtime settings
 _CHILD_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
-                    "LD_LIBRARY_PATH", "SYSTEMROOT", "TOKENIZERS_PARALLELISM", "BERTOPT_CACHE_DIR",
-                    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}
-_CHILD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ORT_", "OV_", "OPENVINO_",
-                       "TF_")
+                    "LD_LIBRARY_PATH", "SYSTEMROOT", "XDG_CACHE_HOME", "TOKENIZERS_PARALLELISM",
+                    "BERTOPT_CACHE_DIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}  # not HF_TOKEN: a secret
+_CHILD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "TBB_",
+                       "ORT_", "OV_", "OPENVINO_", "TF_", "TORCH_", "PYTORCH_")
 
 
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
