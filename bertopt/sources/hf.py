@@ -231,9 +231,9 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
     if not (dest / "tokenizer.json").exists():
         build_tokenizer_json(src, fam).save(str(dest / "tokenizer.json"))
     if vocab_size:
-        from tokenizers import Tokenizer
+        from bertopt.runtime.predictor import read_tokenizer_json
 
-        size = Tokenizer.from_file(str(dest / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+        size = read_tokenizer_json(dest / "tokenizer.json").get_vocab_size(with_added_tokens=True)
         if size > int(vocab_size):
             raise UserError(f"the tokenizer in {src} has {size} tokens but the model's embedding table has "
                             f"{vocab_size} rows; use the tokenizer the model was trained with")
