@@ -296,7 +296,8 @@ class Server:
             return False
 
         self.ventilator.run(stopping, http_stopped=http.stopped if http is not None else lambda: True)
-        if self.ventilator.failure:  # not a clean stop: the caller shuts down and the command exits non-zero
+        if self.ventilator.failure:  # not a clean stop: the error replies owed go out, then the command fails
+            self.shutdown(graceful=True)
             raise UserError(self.ventilator.failure)
 
     def shutdown(self, graceful: bool = True) -> None:

@@ -553,7 +553,7 @@ class Ventilator:
             self.failure = ("every worker stopped: " + ("; ".join(reasons) if reasons else
                                                           "they failed to start; see the log above"))
             for piece in self.scheduler.drain():
-                self.fail_request(piece.key, "no worker can run: every worker failed to start")
+                self.fail_request(piece.key, f"no worker can run: {self.failure}")
             return False
         return True
 
