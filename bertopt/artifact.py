@@ -139,11 +139,12 @@ def member_path_problem(rel: Any) -> str | None:
     return None
 
 
-def external_data_locations(model_file: Path) -> list[str]:
+def external_data_locations(model_file: Path, any_suffix: bool = False) -> list[str]:
     """The external data locations an ONNX file names, each checked to be a plain relative path inside the
     model's folder: one that is absolute or climbs out (``../``) is a one-line UserError. Files that are no
-    readable ONNX graph name none (the loader reports them)."""
-    names = _raw_external_data_files(model_file)
+    readable ONNX graph name none (the loader reports them); so do files not named ``*.onnx`` unless
+    ``any_suffix`` (an artifact's model file is read as ONNX whatever its name)."""
+    names = _raw_external_data_files(model_file, any_suffix)
     for name in names:
         problem = member_path_problem(name)
         if problem:
@@ -186,11 +187,12 @@ def onnx_external_data_files(model_file: Path) -> list[str]:
     return external_data_locations(model_file)
 
 
-def _raw_external_data_files(model_file: Path) -> list[str]:
+def _raw_external_data_files(model_file: Path, any_suffix: bool = False) -> list[str]:
     import onnx
 
     model_file = Path(model_file)
-    if model_file.suffix != ".onnx" or not model_file.is_file() or not _may_name_external_data(model_file):
+    if ((model_file.suffix != ".onnx" and not any_suffix) or not model_file.is_file()
+            or not _may_name_external_data(model_file)):
         return []
     from google.protobuf.message import DecodeError
 
@@ -198,12 +200,29 @@ def _raw_external_data_files(model_file: Path) -> list[str]:
         model = onnx.load(str(model_file), load_external_data=False)
     except (DecodeError, ValueError, OSError):
         return []  # not a readable ONNX graph: load_onnx reports that, with the fix, where the model is used
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    names = {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL
+    names = {e.value for t in _graph_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL
              for e in t.external_data if e.key == "location"}
     return sorted(names)
+
+
+def _graph_tensors(graph):
+    """Every tensor a graph holds: initialisers (sparse ones too), node attributes, and those of subgraphs (If,
+    Loop, Scan bodies), walked without recursion."""
+    graphs = [graph]
+    while graphs:
+        g = graphs.pop()
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    graphs.append(attr.g)
+                graphs.extend(attr.graphs)
 
 
 def _may_name_external_data(model_file: Path) -> bool:
@@ -314,7 +333,7 @@ class Artifact:
         if self.model_format == "onnx":
             model_file = PurePosixPath(self.manifest["model_file"])
             try:
-                names = external_data_locations(self.model_path)
+                names = external_data_locations(self.model_path, any_suffix=True)
             except UserError as exc:
                 raise ArtifactError(f"artifact {self.path}: {exc}") from None
             for name in names:

@@ -217,6 +217,42 @@ def _external_data_escape(h: Hostile):
     return h.save(dest, _rehash(dest, m, "model.onnx")), "which climbs out of the artifact folder (..)"
 
 
+def _external_data_in_subgraph(h: Hostile):
+    """External data named by an initialiser inside an If node's branch (a subgraph), pointing outside."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dest, m = h.copy()
+    weight = numpy_helper.from_array(np.zeros((4,), np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../outside/secret"), ("offset", "0"), ("length", "16")):
+        weight.external_data.add(key=key, value=value)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    branch = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "then", [], [out], [weight])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "else", [], [out])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", 1, [4])],
+        [out])
+    onnx.save(helper.make_model(graph), str(dest / "model.onnx"))
+    return h.save(dest, _rehash(dest, m, "model.onnx")), "'../outside/secret', which climbs out of the artifact"
+
+
+def _model_named_otherwise_with_unlisted_data(h: Hostile):
+    """An ONNX model file not named *.onnx still has its external data checked."""
+    import onnx
+
+    from bertopt.stages.onnx_util import save_onnx
+
+    dest, m = h.copy()
+    save_onnx(onnx.load(str(dest / "model.onnx")), dest / "model.bin", external=True)
+    m["model_file"] = "model.bin"
+    return h.save(dest, _rehash(dest, m, "model.bin")), \
+        "reads external data 'model.bin_data' that the manifest does not list"
+
+
 def _point_external_data_outside(model_file: Path, outside: Path) -> None:
     import onnx
 
@@ -237,7 +273,8 @@ CASES = {f.__name__.lstrip("_"): f for f in (
     _files_escape, _files_absolute, _dev_zero_absolute, _dev_zero_link, _fifo_listed, _model_file_escape,
     _model_file_absolute, _model_file_unlisted, _model_is_link_out, _through_linked_folder, _tokenizer_folder_link,
     _tokenizer_unlisted_file, _swapped_model_old_digest, _deep_manifest, _deep_but_parsable, _huge_manifest,
-    _manifest_fifo, _manifest_link_out, _bad_sha, _external_data_unlisted, _external_data_escape)}
+    _manifest_fifo, _manifest_link_out, _bad_sha, _external_data_unlisted, _external_data_escape,
+    _external_data_in_subgraph, _model_named_otherwise_with_unlisted_data)}
 
 
 @pytest.mark.parametrize("command", ["inspect", "validate"])
