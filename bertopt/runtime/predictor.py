@@ -35,31 +35,35 @@ BUCKET_SLACK_TOKENS = 8
 MAX_TOKENIZER_BYTES = 512 << 20
 
 
-def read_tokenizer_json(file: Path):
-    """A ``tokenizers.Tokenizer`` from ``file``: a regular file (no FIFO or device: nothing hangs) read once
-    and parsed from what was read; a file that is not a tokenizer is one UserError naming it and the fix."""
+def read_tokenizer_json(file: Path, shown_as: Path | None = None):
+    """A ``tokenizers.Tokenizer`` from ``file``: a regular file (no symlink, FIFO or device: nothing hangs) read
+    once and parsed from what was read; a file that is not a tokenizer is one UserError naming it (as
+    ``shown_as``: the user's file this one is a copy of) and the fix."""
     from tokenizers import Tokenizer
 
     from bertopt.artifact import open_regular_file
+
+    file = Path(file)
+    shown = shown_as or file
 
     fix = "save the tokenizer again with the model (tokenizer.save_pretrained) or re-create the artifact"
     try:
         fh = open_regular_file(file)
     except OSError as exc:
-        raise UserError(f"{file} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
+        raise UserError(f"{shown} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
     if fh is None:
-        raise UserError(f"{file} is not a regular file (a symlink, device, FIFO or folder); {fix}")
+        raise UserError(f"{shown} is not a regular file (a symlink, device, FIFO or folder); {fix}")
     with fh:
         data = fh.read(MAX_TOKENIZER_BYTES + 1)
     if len(data) > MAX_TOKENIZER_BYTES:
-        raise UserError(f"{file} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, too large for a tokenizer; {fix}")
+        raise UserError(f"{shown} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, too large for a tokenizer; {fix}")
     try:
         return Tokenizer.from_str(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise UserError(f"{file} is not UTF-8 text, so not a tokenizer.json; {fix}") from None
+        raise UserError(f"{shown} is not UTF-8 text, so not a tokenizer.json; {fix}") from None
     except Exception as exc:  # the tokenizers library raises plain Exception for any file it cannot read
         reason = " ".join(str(exc).split())[:160]
-        raise UserError(f"{file} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None
+        raise UserError(f"{shown} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None
 
 
 def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):

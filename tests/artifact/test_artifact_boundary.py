@@ -367,3 +367,16 @@ def test_manifest_loader_refuses_without_verify_too(tiny_onnx, tmp_path):
     folder, message = _swapped_model_old_digest(hostile)
     with pytest.raises(ArtifactError, match="'digest' is not the digest"):
         Artifact.load(folder, verify=False)
+
+
+def test_export_names_the_source_tokenizer_that_is_no_tokenizer(tiny_hf, tmp_path, cli):
+    """bertopt export of a Hugging Face folder whose tokenizer.json is valid JSON but no tokenizer: the user's
+    file is named (not a temporary copy), exit 2, nothing written."""
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_hf, src)
+    (src / "tokenizer.json").write_text(json.dumps({"version": "1.0", "truncation": None}))
+    code, out, err = cli("export", src, "--out", tmp_path / "out")
+    assert code == 2, err
+    assert f"error: {src / 'tokenizer.json'} is not a tokenizer the tokenizers library can read" in err
+    assert "save the tokenizer again" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
