@@ -234,7 +234,11 @@ def _may_name_external_data(model_file: Path) -> bool:
         if os.fstat(fh.fileno()).st_size == 0:
             return False
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return mapped.find(b"\x0a\x08location") >= 0
+            return mapped.find(_LOCATION_KEY) >= 0
+
+
+# how a TensorProto's external_data entry with key "location" starts in protobuf bytes (field 1, 8 bytes)
+_LOCATION_KEY = b"\x0a\x08location"
 
 
 def _digest_of_files(files: dict[str, dict[str, Any]]) -> str:
@@ -290,6 +294,7 @@ class Artifact:
         external data is listed (and so was hashed)."""
         files = self.manifest.get("files", {})
         external = set(self.manifest.get("external_data", []))
+        names_external_data = False  # whether the model file's bytes hold a "location" key (seen while hashing)
         for rel, info in sorted(files.items()):
             kind = self._member_kind(rel)
             if kind == "missing":
@@ -320,8 +325,13 @@ class Artifact:
                         f"{info['size']} (truncated or modified); re-create the artifact"
                     )
                 digest = hashlib.sha256()
+                tail = b""
                 while block := fh.read(1 << 20):
                     digest.update(block)
+                    if rel == self.manifest["model_file"] and not names_external_data:
+                        names_external_data = _LOCATION_KEY in tail + block[:len(_LOCATION_KEY)] or \
+                            _LOCATION_KEY in block
+                        tail = block[-len(_LOCATION_KEY):]
             if digest.hexdigest() != info["sha256"]:
                 raise ArtifactError(
                     f"artifact {self.path} is corrupt: sha256 of {rel} does not match the manifest "
@@ -330,7 +340,7 @@ class Artifact:
         folders = [TOKENIZER_DIR] + ([self.manifest["model_file"]] if self.model_format == "tf-savedmodel" else [])
         for folder in folders:
             self._check_nothing_unlisted(folder)
-        if self.model_format == "onnx":
+        if self.model_format == "onnx" and names_external_data:
             model_file = PurePosixPath(self.manifest["model_file"])
             try:
                 names = external_data_locations(self.model_path, any_suffix=True)
@@ -535,7 +545,27 @@ _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "batch_invariance": ((dict,), False),
     "external_data": ((list,), False),
 }
-_TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number"}
+_TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number",
+               bool: "true or false", type(None): "null"}
+_NUMBER = (int, float)
+_NONE = type(None)
+# (section, key) -> types: nested fields that loading, inspecting, validating and serving read
+_NESTED_SCHEMA: dict[tuple[str, str], tuple[type, ...]] = {
+    ("lineage", "source"): (dict,), ("lineage", "parent"): (dict, _NONE), ("lineage", "params"): (dict, _NONE),
+    ("lineage", "report"): (dict,), ("lineage", "stage"): (str, _NONE),
+    ("model", "task"): (str, _NONE), ("model", "family"): (str,), ("model", "max_position_embeddings"): (int,),
+    ("model", "max_seq_len"): (int, _NONE), ("model", "hidden_size"): (int, _NONE),
+    ("model", "primary_output"): (str, _NONE), ("model", "id2label"): (dict, list, _NONE),
+    ("model", "pair_input"): (bool,), ("model", "problem_type"): (str, _NONE),
+}
+_BATCH_INVARIANCE_SCHEMA: dict[str, tuple[type, ...]] = {
+    "invariant": (bool,), "batch_dev": (*_NUMBER, _NONE), "bound": _NUMBER, "batch_sizes": (list,),
+    "why": (str,),
+}
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and (not isinstance(value, bool) or bool in types)
 
 
 def check_manifest(manifest: Any, where: Path | str) -> None:
@@ -568,6 +598,23 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
             for key, types in (("kind", (str,)), ("shape", (list,)), ("dtype", (str,)), ("role", (str,))):
                 if key in entry and not isinstance(entry[key], types):
                     raise bad(f"{section}[{i}].{key} must be {_TYPE_NAMES[types[0]]}, got {entry[key]!r:.40}")
+    for (section, key), types in _NESTED_SCHEMA.items():
+        if section in manifest and key in manifest[section] and not _type_ok(manifest[section][key], types):
+            raise bad(f"'{section}.{key}' must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got "
+                      f"{manifest[section][key]!r:.40}")
+    for i, step in enumerate(manifest.get("history", [])):
+        if not isinstance(step, dict) or not _type_ok(step.get("params"), (dict, _NONE)) \
+                or not _type_ok(step.get("stage"), (str, _NONE)):
+            raise bad(f"history[{i}] must be a mapping with a string 'stage' and a mapping 'params', got {step!r:.40}")
+    for where_, info in (("batch_invariance", manifest.get("batch_invariance")),
+                         ("validation.batch_invariance", manifest.get("validation", {}).get("batch_invariance"))):
+        if info is None:
+            continue
+        if not isinstance(info, dict):
+            raise bad(f"'{where_}' must be a mapping, got {info!r:.40}")
+        for key, types in _BATCH_INVARIANCE_SCHEMA.items():
+            if key in info and not _type_ok(info[key], types):
+                raise bad(f"'{where_}.{key}' must be {_TYPE_NAMES[types[0]]}, got {info[key]!r:.40}")
     files = manifest["files"]
     for rel, info in files.items():
         problem = member_path_problem(rel)
