@@ -380,3 +380,17 @@ def test_export_names_the_source_tokenizer_that_is_no_tokenizer(tiny_hf, tmp_pat
     assert f"error: {src / 'tokenizer.json'} is not a tokenizer the tokenizers library can read" in err
     assert "save the tokenizer again" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_serve_refuses_a_hostile_artifact_before_starting_anything(tiny_onnx, tmp_path, cli):
+    from bertopt.testing import free_port
+
+    hostile = Hostile(tiny_onnx.path, tmp_path)
+    folder, message = _model_is_link_out(hostile)
+    port = free_port()
+    port_out = free_port()
+    while port_out == port:
+        port_out = free_port()
+    code, out, err = cli("serve", folder, "--port", port, "--port-out", port_out)
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1 and "ready on" not in out
