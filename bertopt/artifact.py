@@ -4,6 +4,14 @@ The manifest records what the model is (format, inputs/outputs, precision), a sh
 and its lineage (source model, parent artifact and digest, stage, parameters, tool versions, wall time)
 plus validation results when present. ``Artifact.load`` verifies every hash.
 
+An artifact folder is a trust boundary (docs/security.md): loading one reads only what its manifest lists and
+hashes. The manifest is read with size and nesting limits; every path it names is a plain relative path that
+stays inside the folder and is a regular file (no symlink, device or FIFO: checked before anything is opened);
+the model file and an ONNX model's external data must be listed (and so hashed); files the runtime would read
+without asking the manifest (the tokenizer folder, a SavedModel folder) may hold nothing unlisted; and the
+``digest`` is recomputed from the file hashes, so a file swapped with its hash updated cannot keep the digest
+it was validated under.
+
 ``ArtifactWriter`` is how every stage produces an artifact: files go into a hidden temporary folder
 next to the destination, the manifest is written last, and the folder is renamed into place. A failed
 or interrupted stage leaves at most a ``.<name>.tmp-*`` folder, never something that looks like an
@@ -18,10 +26,11 @@ import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import time
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
@@ -31,6 +40,9 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "bertopt.json"
 TOKENIZER_DIR = "tokenizer"
 MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef")
+# a manifest is a few kilobytes (tens with validation results and a long history); far larger or deeper is not one
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_MANIFEST_DEPTH = 64
 
 # Packages whose versions are worth recording when they took part in making an artifact.
 _TRACKED_PACKAGES = {
@@ -53,6 +65,93 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def open_regular_file(path: Path):
+    """``path`` opened for reading (binary) if it is a regular file; ``None`` if it is a symlink, device, FIFO,
+    socket or folder. Checked on the open descriptor (no symlink followed, no blocking open), so what is checked
+    is what is read, and ``/dev/zero`` or a FIFO never hangs the reader."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if os.path.islink(path):
+            return None  # O_NOFOLLOW refused a symlink (ELOOP)
+        raise exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests lists/objects deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def read_json_file(path: Path, *, max_bytes: int, max_depth: int, fix: str, error: type[Exception] = UserError) -> Any:
+    """A JSON file read with limits: a regular file (see ``open_regular_file``) of at most ``max_bytes``, nested
+    at most ``max_depth`` deep; anything else is one ``error`` line naming the file and ending with ``fix``."""
+    path = Path(path)
+    try:
+        fh = open_regular_file(path)
+    except OSError as exc:
+        raise error(f"{path} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
+    if fh is None:
+        raise error(f"{path} is not a regular file (a symlink, device, FIFO or folder); {fix}")
+    with fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error(f"{path} is larger than {max_bytes >> 20} MiB, too large to be what it should be; {fix}")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise error(f"{path} is not valid JSON ({str(exc).splitlines()[0]:.200}); {fix}") from None
+    if isinstance(value, (dict, list)) and _nesting_exceeds(value, max_depth):
+        raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}")
+    return value
+
+
+def member_path_problem(rel: Any) -> str | None:
+    """Why ``rel`` is not a path a manifest may name (a plain relative POSIX path that stays in the folder), or
+    None. Syntax only; ``Artifact.verify`` checks what is on disk."""
+    if not isinstance(rel, str) or not rel:
+        return "is not a file name"
+    if "\x00" in rel or "\\" in rel:
+        return "holds a NUL or backslash"
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or PureWindowsPath(rel).drive or PureWindowsPath(rel).root:
+        return "is an absolute path"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "climbs out of the artifact folder (..)"
+    if "." in parts or "" in parts:
+        return "is not a plain relative path"
+    return None
+
+
+def external_data_locations(model_file: Path, any_suffix: bool = False) -> list[str]:
+    """The external data locations an ONNX file names, each checked to be a plain relative path inside the
+    model's folder: one that is absolute or climbs out (``../``) is a one-line UserError. Files that are no
+    readable ONNX graph name none (the loader reports them); so do files not named ``*.onnx`` unless
+    ``any_suffix`` (an artifact's model file is read as ONNX whatever its name)."""
+    names = _raw_external_data_files(model_file, any_suffix)
+    for name in names:
+        problem = member_path_problem(name)
+        if problem:
+            raise UserError(f"{model_file} keeps weights in external data {name!r:.80}, which {problem}; external "
+                            "data must be a file next to the model: re-save the model with its data beside it "
+                            "(onnx.save(..., save_as_external_data=True, location='model.onnx_data'))")
+    return names
 
 
 def primary_output(model) -> str | None:
@@ -83,11 +182,17 @@ def tool_versions() -> dict[str, str]:
 
 
 def onnx_external_data_files(model_file: Path) -> list[str]:
-    """Files (relative to the model's folder) holding an ONNX model's external data, read from the graph alone."""
+    """Files (relative to the model's folder) holding an ONNX model's external data, read from the graph alone;
+    a location outside the model's folder is a one-line UserError (``external_data_locations``)."""
+    return external_data_locations(model_file)
+
+
+def _raw_external_data_files(model_file: Path, any_suffix: bool = False) -> list[str]:
     import onnx
 
     model_file = Path(model_file)
-    if model_file.suffix != ".onnx" or not model_file.is_file():
+    if ((model_file.suffix != ".onnx" and not any_suffix) or not model_file.is_file()
+            or not _may_name_external_data(model_file)):
         return []
     from google.protobuf.message import DecodeError
 
@@ -95,12 +200,45 @@ def onnx_external_data_files(model_file: Path) -> list[str]:
         model = onnx.load(str(model_file), load_external_data=False)
     except (DecodeError, ValueError, OSError):
         return []  # not a readable ONNX graph: load_onnx reports that, with the fix, where the model is used
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    names = {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL
+    names = {e.value for t in _graph_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL
              for e in t.external_data if e.key == "location"}
     return sorted(names)
+
+
+def _graph_tensors(graph):
+    """Every tensor a graph holds: initialisers (sparse ones too), node attributes, and those of subgraphs (If,
+    Loop, Scan bodies), walked without recursion."""
+    graphs = [graph]
+    while graphs:
+        g = graphs.pop()
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    graphs.append(attr.g)
+                graphs.extend(attr.graphs)
+
+
+def _may_name_external_data(model_file: Path) -> bool:
+    """False when the file cannot name external data: no ``location`` key (a protobuf string field: tag 0x0a,
+    length 8) anywhere in its bytes. Spares parsing a large single-file model just to find none."""
+    import mmap
+
+    with open(model_file, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return mapped.find(_LOCATION_KEY) >= 0
+
+
+# how a TensorProto's external_data entry with key "location" starts in protobuf bytes (field 1, 8 bytes)
+_LOCATION_KEY = b"\x0a\x08location"
 
 
 def _digest_of_files(files: dict[str, dict[str, Any]]) -> str:
@@ -128,21 +266,19 @@ class Artifact:
                 "pass it as --model/SOURCE"
             )
         manifest_path = path / MANIFEST_NAME
-        if not manifest_path.exists():
+        if not manifest_path.exists() and not manifest_path.is_symlink():
             raise ArtifactError(
                 f"{path} is not a bertopt artifact (no {MANIFEST_NAME}); create one with "
                 "'bertopt export' or 'bertopt run'"
             )
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{manifest_path} is not valid JSON ({exc}); re-create the artifact") from None
+        manifest = read_json_file(manifest_path, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_MANIFEST_DEPTH,
+                                  fix="re-create the artifact", error=ArtifactError)
         if not isinstance(manifest, dict):
             check_manifest(manifest, manifest_path)  # names the problem
         version = manifest.get("format_version")
         if version != FORMAT_VERSION:
             raise ArtifactError(
-                f"{path}: artifact format version {version!r} is not supported by this bertopt "
+                f"{path}: artifact format version {version!r:.40} is not supported by this bertopt "
                 f"(expects {FORMAT_VERSION}); re-create it with this version"
             )
         check_manifest(manifest, manifest_path)
@@ -152,11 +288,16 @@ class Artifact:
         return artifact
 
     def verify(self) -> None:
-        """Check that every file the manifest lists is present with the recorded size and sha256."""
+        """Check what is on disk against the manifest, opening nothing the manifest does not name: every listed
+        file is a regular file inside the folder (no symlink on the way) with the recorded size and sha256;
+        the folders the runtime reads whole (tokenizer, a SavedModel) hold nothing unlisted; an ONNX model's
+        external data is listed (and so was hashed)."""
+        files = self.manifest.get("files", {})
         external = set(self.manifest.get("external_data", []))
-        for rel, info in sorted(self.manifest.get("files", {}).items()):
-            file = self.path / rel
-            if not file.exists():
+        names_external_data = False  # whether the model file's bytes hold a "location" key (seen while hashing)
+        for rel, info in sorted(files.items()):
+            kind = self._member_kind(rel)
+            if kind == "missing":
                 if rel in external:
                     raise ArtifactError(
                         f"artifact {self.path} is incomplete: {rel}, the external data holding the weights of "
@@ -165,17 +306,105 @@ class Artifact:
                 raise ArtifactError(
                     f"artifact {self.path} is incomplete: {rel} is missing; re-create the artifact"
                 )
-            size = file.stat().st_size
-            if size != info["size"]:
-                raise ArtifactError(
-                    f"artifact {self.path} is corrupt: {rel} has {size} bytes, the manifest says "
-                    f"{info['size']} (truncated or modified); re-create the artifact"
-                )
-            if sha256_file(file) != info["sha256"]:
+            if kind != "file":
+                raise ArtifactError(f"artifact {self.path}: {rel} is {kind}; an artifact holds regular files only "
+                                    "(copy it with the file contents, not links), or re-create the artifact")
+            try:
+                fh = open_regular_file(self.path / rel)  # checked again on the descriptor: what is hashed is a file
+            except OSError as exc:
+                raise ArtifactError(f"artifact {self.path}: {rel} cannot be read ({exc.strerror}); fix its "
+                                    "permissions or re-create the artifact") from None
+            if fh is None:
+                raise ArtifactError(f"artifact {self.path}: {rel} changed into something other than a file while "
+                                    "it was being checked; re-create the artifact")
+            with fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size != info["size"]:
+                    raise ArtifactError(
+                        f"artifact {self.path} is corrupt: {rel} has {size} bytes, the manifest says "
+                        f"{info['size']} (truncated or modified); re-create the artifact"
+                    )
+                digest = hashlib.sha256()
+                tail = b""
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+                    if rel == self.manifest["model_file"] and not names_external_data:
+                        names_external_data = _LOCATION_KEY in tail + block[:len(_LOCATION_KEY)] or \
+                            _LOCATION_KEY in block
+                        tail = block[-len(_LOCATION_KEY):]
+            if digest.hexdigest() != info["sha256"]:
                 raise ArtifactError(
                     f"artifact {self.path} is corrupt: sha256 of {rel} does not match the manifest "
                     "(the file was modified); re-create the artifact"
                 )
+        folders = [TOKENIZER_DIR] + ([self.manifest["model_file"]] if self.model_format == "tf-savedmodel" else [])
+        for folder in folders:
+            self._check_nothing_unlisted(folder)
+        if self.model_format == "onnx" and names_external_data:
+            model_file = PurePosixPath(self.manifest["model_file"])
+            try:
+                names = external_data_locations(self.model_path, any_suffix=True)
+            except UserError as exc:
+                raise ArtifactError(f"artifact {self.path}: {exc}") from None
+            for name in names:
+                rel = (model_file.parent / name).as_posix()
+                if rel not in files:
+                    raise ArtifactError(
+                        f"artifact {self.path}: {model_file} reads external data {name!r:.80} that the manifest "
+                        "does not list, so it was never hashed; re-create the artifact (bertopt writes and hashes "
+                        "external data next to the model)"
+                    )
+
+    def _member_kind(self, rel: str) -> str:
+        """What ``rel`` (already a plain relative path) is on disk, looking at every component without following
+        links: "file", "missing", or what it is instead ("a symbolic link", "a device or FIFO", ...)."""
+        current = self.path
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
+            current = current / part
+            try:
+                mode = os.lstat(current).st_mode
+            except FileNotFoundError:
+                return "missing"
+            except OSError as exc:
+                return f"unreadable ({exc.strerror})"
+            last = i == len(parts) - 1
+            if stat.S_ISLNK(mode):
+                return "a symbolic link" if last else f"reached through the symbolic link {'/'.join(parts[:i + 1])}"
+            if not last and not stat.S_ISDIR(mode):
+                return "missing"
+            if last and not stat.S_ISREG(mode):
+                return "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket, not a file"
+        root = self.path.resolve()
+        if not current.resolve().is_relative_to(root):  # cannot happen without a link; checked all the same
+            return "outside the artifact folder"
+        return "file"
+
+    def _check_nothing_unlisted(self, folder: str) -> None:
+        """Every file under ``folder`` (read whole by a library: the tokenizer, a SavedModel) is listed; nothing
+        in it is a link or special file."""
+        base = self.path / folder
+        if base.is_symlink():
+            raise ArtifactError(f"artifact {self.path}: {folder} is a symbolic link; an artifact holds regular "
+                                "files only, re-create the artifact")
+        if not base.is_dir():
+            return
+        files = self.manifest.get("files", {})
+        for root, dirs, names in os.walk(base):
+            for name in sorted(dirs + names):
+                full = Path(root) / name
+                rel = full.relative_to(self.path).as_posix()
+                mode = os.lstat(full).st_mode
+                if stat.S_ISDIR(mode):
+                    continue
+                if not stat.S_ISREG(mode):
+                    what = "a symbolic link" if stat.S_ISLNK(mode) else "a device, FIFO or socket"
+                    raise ArtifactError(f"artifact {self.path}: {rel} is {what}; an artifact holds regular files "
+                                        "only, remove it or re-create the artifact")
+                if rel not in files:
+                    raise ArtifactError(f"artifact {self.path}: {rel} is not listed in the manifest, so it was "
+                                        f"never hashed, but {folder}/ is read whole; remove it or re-create the "
+                                        "artifact")
 
     # -- accessors ---------------------------------------------------------------------------
     @property
@@ -316,7 +545,27 @@ _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "batch_invariance": ((dict,), False),
     "external_data": ((list,), False),
 }
-_TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number"}
+_TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number",
+               bool: "true or false", type(None): "null"}
+_NUMBER = (int, float)
+_NONE = type(None)
+# (section, key) -> types: nested fields that loading, inspecting, validating and serving read
+_NESTED_SCHEMA: dict[tuple[str, str], tuple[type, ...]] = {
+    ("lineage", "source"): (dict,), ("lineage", "parent"): (dict, _NONE), ("lineage", "params"): (dict, _NONE),
+    ("lineage", "report"): (dict,), ("lineage", "stage"): (str, _NONE),
+    ("model", "task"): (str, _NONE), ("model", "family"): (str,), ("model", "max_position_embeddings"): (int,),
+    ("model", "max_seq_len"): (int, _NONE), ("model", "hidden_size"): (int, _NONE),
+    ("model", "primary_output"): (str, _NONE), ("model", "id2label"): (dict, list, _NONE),
+    ("model", "pair_input"): (bool,), ("model", "problem_type"): (str, _NONE),
+}
+_BATCH_INVARIANCE_SCHEMA: dict[str, tuple[type, ...]] = {
+    "invariant": (bool,), "batch_dev": (*_NUMBER, _NONE), "bound": _NUMBER, "batch_sizes": (list,),
+    "why": (str,),
+}
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and (not isinstance(value, bool) or bool in types)
 
 
 def check_manifest(manifest: Any, where: Path | str) -> None:
@@ -349,10 +598,49 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
             for key, types in (("kind", (str,)), ("shape", (list,)), ("dtype", (str,)), ("role", (str,))):
                 if key in entry and not isinstance(entry[key], types):
                     raise bad(f"{section}[{i}].{key} must be {_TYPE_NAMES[types[0]]}, got {entry[key]!r:.40}")
-    for rel, info in manifest["files"].items():
-        if (not isinstance(info, dict) or not isinstance(info.get("size"), int)
-                or not isinstance(info.get("sha256"), str)):
-            raise bad(f"files[{rel!r}] must be a mapping with an integer 'size' and a string 'sha256'")
+    for (section, key), types in _NESTED_SCHEMA.items():
+        if section in manifest and key in manifest[section] and not _type_ok(manifest[section][key], types):
+            raise bad(f"'{section}.{key}' must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got "
+                      f"{manifest[section][key]!r:.40}")
+    for i, step in enumerate(manifest.get("history", [])):
+        if not isinstance(step, dict) or not _type_ok(step.get("params"), (dict, _NONE)) \
+                or not _type_ok(step.get("stage"), (str, _NONE)):
+            raise bad(f"history[{i}] must be a mapping with a string 'stage' and a mapping 'params', got {step!r:.40}")
+    for where_, info in (("batch_invariance", manifest.get("batch_invariance")),
+                         ("validation.batch_invariance", manifest.get("validation", {}).get("batch_invariance"))):
+        if info is None:
+            continue
+        if not isinstance(info, dict):
+            raise bad(f"'{where_}' must be a mapping, got {info!r:.40}")
+        for key, types in _BATCH_INVARIANCE_SCHEMA.items():
+            if key in info and not _type_ok(info[key], types):
+                raise bad(f"'{where_}.{key}' must be {_TYPE_NAMES[types[0]]}, got {info[key]!r:.40}")
+    files = manifest["files"]
+    for rel, info in files.items():
+        problem = member_path_problem(rel)
+        if problem:
+            raise bad(f"'files' lists {rel!r:.80}, which {problem}; an artifact names only files inside its folder")
+        if (not isinstance(info, dict) or isinstance(info.get("size"), bool) or not isinstance(info.get("size"), int)
+                or info["size"] < 0 or not isinstance(info.get("sha256"), str)
+                or len(info["sha256"]) != 64 or not set(info["sha256"]) <= set("0123456789abcdef")):
+            raise bad(f"files[{rel!r:.80}] must be a mapping with a 'size' (bytes) and a 'sha256' (64 hex digits)")
+    model_file = manifest["model_file"]
+    problem = member_path_problem(model_file)
+    if problem:
+        raise bad(f"'model_file' {model_file!r:.80} {problem}; it must name a file the artifact lists")
+    if manifest["model_format"] == "tf-savedmodel":  # a folder: its files are listed under it
+        if not any(rel.startswith(model_file + "/") for rel in files):
+            raise bad(f"'model_file' {model_file!r:.80} is a SavedModel folder of which 'files' lists nothing, so "
+                      "nothing of it was hashed")
+    elif model_file not in files:
+        raise bad(f"'model_file' {model_file!r:.80} is not in 'files', so it was never hashed")
+    for name in manifest.get("external_data", []):
+        problem = member_path_problem(name)
+        if problem or name not in files:
+            raise bad(f"'external_data' names {name!r:.80}, which {problem or 'is not in files (never hashed)'}")
+    if manifest["digest"] != _digest_of_files(files):
+        raise bad("'digest' is not the digest of the file hashes it lists (a file's hash was changed after the "
+                  "artifact was made, so it is not the artifact that digest names)")
 
 
 def is_artifact(path: str | os.PathLike) -> bool:

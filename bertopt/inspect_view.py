@@ -10,8 +10,12 @@ def op_histogram(artifact) -> dict[str, int]:
     if artifact.model_format != "onnx":
         return artifact.lineage.get("report", {}).get("after", {}).get("ops", {})
     import onnx
+    from google.protobuf.message import DecodeError
 
-    model = onnx.load(str(artifact.model_path), load_external_data=False)
+    try:  # read as binary protobuf whatever the file's name (onnx guesses JSON or text from a suffix)
+        model = onnx.load(str(artifact.model_path), format="protobuf", load_external_data=False)
+    except (DecodeError, ValueError, OSError):
+        return {"(not a readable ONNX graph)": 0}
     return dict(Counter(n.op_type for n in model.graph.node).most_common())
 
 

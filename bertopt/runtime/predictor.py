@@ -55,14 +55,47 @@ def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: 
                                 "text")
 
 
-def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
-    """A fast (Rust) tokenizer from ``tokenizer.json``, truncating to ``max_seq_len``, no padding."""
+# tokenizer.json files run to tens of megabytes (large multilingual vocabularies); far larger is not one
+MAX_TOKENIZER_BYTES = 512 << 20
+
+
+def read_tokenizer_json(file: Path, shown_as: Path | None = None):
+    """A ``tokenizers.Tokenizer`` from ``file``: a regular file (no symlink, FIFO or device: nothing hangs) read
+    once and parsed from what was read; a file that is not a tokenizer is one UserError naming it (as
+    ``shown_as``: the user's file this one is a copy of) and the fix."""
     from tokenizers import Tokenizer
 
+    from bertopt.artifact import open_regular_file
+
+    file = Path(file)
+    shown = shown_as or file
+
+    fix = "save the tokenizer again with the model (tokenizer.save_pretrained) or re-create the artifact"
+    try:
+        fh = open_regular_file(file)
+    except OSError as exc:
+        raise UserError(f"{shown} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
+    if fh is None:
+        raise UserError(f"{shown} is not a regular file (a symlink, device, FIFO or folder); {fix}")
+    with fh:
+        data = fh.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise UserError(f"{shown} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, too large for a tokenizer; {fix}")
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{shown} is not UTF-8 text, so not a tokenizer.json; {fix}") from None
+    except Exception as exc:  # the tokenizers library raises plain Exception for any file it cannot read
+        reason = " ".join(str(exc).split())[:160]
+        raise UserError(f"{shown} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None
+
+
+def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
+    """A fast (Rust) tokenizer from ``tokenizer.json``, truncating to ``max_seq_len``, no padding."""
     file = Path(tokenizer_dir) / "tokenizer.json"
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         raise UserError(f"no tokenizer.json in {tokenizer_dir}; re-create the artifact with 'bertopt export'")
-    tok = Tokenizer.from_file(str(file))
+    tok = read_tokenizer_json(file)
     tok.no_padding()
     tok.enable_truncation(max_length=max_seq_len)
     return tok

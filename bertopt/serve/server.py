@@ -111,7 +111,7 @@ class ServeConfig:
 def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     from bertopt.artifact import Artifact
 
-    art = Artifact.load(artifact_path)  # verifies every file once; workers then skip the hashing
+    art = Artifact.load(artifact_path)  # verified here and again by every worker that loads it (restarts too)
     info = art.model_info
     model_max = int(info.get("max_position_embeddings", 512))
     seq = int(max_seq_len or info.get("max_seq_len") or model_max)
@@ -262,7 +262,8 @@ class Server:
             vcfg = {**asdict(cfg), **self.facts, "wire_version": WIRE_VERSION, "threads_per_worker": self.threads,
                     "priority_tokens": cfg.priority_tokens}
             vcfg.pop("api_key", None)
-            wcfg = {"artifact": self.facts["artifact"], "provider": "cuda" if cfg.device_map else cfg.provider,
+            wcfg = {"artifact": self.facts["artifact"], "digest": self.facts["digest"],
+                    "provider": "cuda" if cfg.device_map else cfg.provider,
                     "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
                     "output": self.facts["output"], "bulk_nice": cfg.bulk_nice,
                     "ventilator": f"tcp://127.0.0.1:{router_port}",
@@ -302,6 +303,9 @@ class Server:
             return False
 
         self.ventilator.run(stopping, http_stopped=http.stopped if http is not None else lambda: True)
+        if self.ventilator.failure:  # not a clean stop: the error replies owed go out, then the command fails
+            self.shutdown(graceful=True)
+            raise UserError(self.ventilator.failure)
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop workers and sink; kill whatever does not stop in time. Leaves no child process behind."""

@@ -116,7 +116,8 @@ class WorkerSlot:
         return {"index": self.index, "pid": self.info.get("pid") if self.ready else None, "ready": self.ready,
                 "in_flight": len(self.in_flight()), "jobs_done": self.jobs_done, "texts_done": self.texts_done,
                 "restarts": self.restarts, "threads": self.info.get("threads"),
-                "provider": self.info.get("provider"), "backend": self.info.get("backend")}
+                "provider": self.info.get("provider"), "backend": self.info.get("backend"),
+                "error": None if self.ready else (self.last_error or None)}
 
 
 class WorkerPool:
@@ -179,8 +180,9 @@ class WorkerPool:
             log.warning("worker %d (pid %s) died with exit code %s; restarting it and re-sending %d mini-job(s)",
                         slot.index, slot.proc.pid, slot.proc.returncode, len(jobs))
             if slot.start_failures >= MAX_ATTEMPTS:
-                log.error("worker %d failed to start %d times (%s); leaving it stopped", slot.index,
-                          slot.start_failures, slot.last_error)
+                log.error("worker %d failed to start %d times (%s); leaving it stopped, serving with %d "
+                          "worker(s)", slot.index, slot.start_failures, slot.last_error,
+                          sum(1 for s in self.slots if s.proc is not None and s is not slot))
                 slot.proc = None
                 continue
             slot.generation += 1
@@ -383,6 +385,7 @@ class Ventilator:
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}
+        self.failure: str | None = None  # why the server cannot go on (every worker stopped), once it is so
 
     @property
     def workers(self) -> list[WorkerSlot]:
@@ -574,8 +577,11 @@ class Ventilator:
         for job in self.pool.reap_dead():
             self.scheduler.requeue(job, "a worker died")
         if not self.pool.any_alive():
+            reasons = sorted({s.last_error for s in self.workers if s.last_error})
+            self.failure = ("every worker stopped: " + ("; ".join(reasons) if reasons else
+                                                          "they failed to start; see the log above"))
             for piece in self.scheduler.drain():
-                self.fail_request(piece.key, "no worker can run: every worker failed to start")
+                self.fail_request(piece.key, f"no worker can run: {self.failure}")
             return False
         return True
 

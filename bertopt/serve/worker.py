@@ -173,11 +173,20 @@ class LaneRunner:
 
 
 def _load_predictor(cfg: dict, ctrl):
+    """The Predictor, on the artifact verified again here (every start, restarts included: the folder may have
+    changed since the server checked it) and refused unless it is the artifact the server announces (its digest,
+    which ``/info`` and status report)."""
     try:
+        from bertopt.artifact import Artifact
         from bertopt.runtime import Predictor
 
-        return Predictor(cfg["artifact"], provider=cfg["provider"], threads=cfg["threads"],
-                         max_seq_len=cfg.get("max_seq_len"), verify=False)
+        artifact = Artifact.load(cfg["artifact"])
+        if cfg.get("digest") and artifact.digest != cfg["digest"]:
+            raise UserError(f"the artifact at {cfg['artifact']} changed since the server started (digest "
+                            f"{artifact.digest[:12]}, the server serves {cfg['digest'][:12]}); this worker refuses "
+                            "it: restart the server to serve the new artifact")
+        return Predictor(artifact, provider=cfg["provider"], threads=cfg["threads"],
+                         max_seq_len=cfg.get("max_seq_len"))
     except Exception as exc:  # any load failure is reported to the server, which shows it to the user
         ctrl.send_multipart([FAIL, str(exc).encode()])
         return None

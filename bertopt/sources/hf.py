@@ -230,10 +230,12 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
             shutil.copy2(src / name, dest / name)
     if not (dest / "tokenizer.json").exists():
         build_tokenizer_json(src, fam).save(str(dest / "tokenizer.json"))
-    if vocab_size:
-        from tokenizers import Tokenizer
+    from bertopt.runtime.predictor import read_tokenizer_json
 
-        size = Tokenizer.from_file(str(dest / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    # read now (the copy: a regular file), so a tokenizer.json that is no tokenizer is named as the user's file
+    tokenizer = read_tokenizer_json(dest / "tokenizer.json", shown_as=src / "tokenizer.json")
+    if vocab_size:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
         if size > int(vocab_size):
             raise UserError(f"the tokenizer in {src} has {size} tokens but the model's embedding table has "
                             f"{vocab_size} rows; use the tokenizer the model was trained with")

@@ -26,6 +26,9 @@ def load_onnx(path: Path):
                         "copy it into the same folder")
     try:
         model = onnx.load(str(path))
+    except onnx.checker.ValidationError as exc:  # e.g. external data reached through a link out of the folder
+        raise UserError(f"{path} cannot be loaded: {str(exc).splitlines()[0]:.300}; keep the model's external "
+                        "data as plain files next to it") from None
     except (DecodeError, ValueError, OSError) as exc:
         raise UserError(f"{path} is not a readable ONNX model ({type(exc).__name__}); "
                         "re-export it or check the file is complete") from None
@@ -98,7 +101,8 @@ def match_external_data(path: Path, like: Path) -> None:
 
 
 def copy_onnx(src: Path, dest: Path) -> None:
-    """Copy an ONNX file with its external data files."""
+    """Copy an ONNX file with its external data files (each named as a file next to it: a location that is
+    absolute or climbs out of the folder is a UserError, so nothing outside is copied into an artifact)."""
     import shutil
 
     from bertopt.artifact import onnx_external_data_files
