@@ -13,7 +13,7 @@ column, ``Predictor.predict``'s result as JSON, so every response equals the loc
 The Spark session and the column function are made once, when the bridge starts, and a warm-up job loads the
 model in the workers before the first request is consumed, so a broken set-up (artifact missing on the
 executors, no GPU for ``--provider cuda``) fails at start-up with one line and exit code 2. A Spark job that
-fails later (a worker lost, the JVM gone) raises ``BackendFailed``: the bridge exits 1 without committing and the
+fails later (a worker lost, the JVM gone) raises ``BackendFailed``: the bridge exits 3 without committing and the
 batch is answered after the restart (at least once).
 
 The UDF gives no prediction for empty or whitespace-only text (a null, as in ``spark-predict``), so a request
@@ -154,7 +154,7 @@ class SparkBackend:
         return [json.loads(v) for v in values]
 
     def _job(self, udf, texts: list[str], pairs: list[str] | None):
-        from bertopt.kafka.bridge import BackendFailed
+        from bertopt.errors import BackendFailed
         from bertopt.spark.session import bertopt_error_in
 
         refused = self.refuse(texts, pairs)
