@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
                 from bertopt.kafka.spark_backend import SparkBackend
 
                 runner = SparkBackend(artifact, master=master, partitions=partitions, threads=threads,
-                                      batch_size=batch_size)
+                                      batch_size=batch_size, max_text_chars=max_text_chars)
             else:
                 from bertopt.errors import require
                 from bertopt.kafka.bridge import ZmqBackend

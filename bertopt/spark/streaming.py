@@ -208,11 +208,12 @@ class ResponseBuilder:
         self.max_text_chars, self.max_request_bytes = max_text_chars, max_request_bytes
         if self.task == "embedding":
             self.udf = predict_udf(self.art, batch_size=batch_size, threads=threads, provider=provider,
-                                   spark=self.spark, archive=archive, ship=ship)
+                                   spark=self.spark, archive=archive, ship=ship, max_text_chars=max_text_chars)
         else:
             aggregations = AGGREGATIONS if self.task == "token-classification" else ("simple",)
             self.options = {a: make_options(self.art, self.spark, [RESULT], batch_size=batch_size, max_seq_len=None,
-                                            provider=provider, threads=threads, load_log=None, aggregation=a)
+                                            provider=provider, threads=threads, load_log=None, aggregation=a,
+                                            max_text_chars=max_text_chars)
                             for a in aggregations}
             self.ref = _ref_for(self.spark, self.art, archive, ship)
 
