@@ -68,6 +68,40 @@ def test_decode_bounded_checks_size_and_depth_before_parsing():
     assert parse_request(json.dumps({"id": 1, "text": "x" * 100_000}).encode()).error is None
 
 
+def test_parse_request_never_raises_on_mutated_messages():
+    """A seeded mutation fuzz of the request parser: flipped, inserted and deleted bytes and spliced fragments of
+    valid requests. Every message gives a ParsedRequest: either an error (one line) or texts that are valid,
+    bounded Unicode."""
+    import random
+
+    rng = random.Random(29)
+    seeds = [json.dumps(body).encode() for body in GOOD.values()] + [
+        b'{"id": "p", "text": "query", "pair": "passage", "aggregation": "max"}',
+        b'{"id": 7, "texts": ["a", "b"], "pairs": ["c", "d"]}', b'{"id": "e", "text": "\\ud800"}']
+    fragments = [b"[", b"]", b"{", b"}", b'"', b"\\", b"\\ud800", b"\\udfff", b"\xed\xa0\x80", b"\xff", b"NaN",
+                 b"1e999", b",", b":", b"null", b"true", b'"id"', b'"texts"', b"\x00"]
+    for _ in range(20_000):
+        raw = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            op, at = rng.randrange(4), rng.randrange(len(raw) + 1)
+            if op == 0 and raw:
+                raw[min(at, len(raw) - 1)] = rng.randrange(256)
+            elif op == 1:
+                raw[at:at] = rng.choice(fragments) * rng.randint(1, 40)
+            elif op == 2:
+                del raw[at:at + rng.randint(1, 8)]
+            else:
+                raw[at:at] = rng.choice(seeds)
+        req = parse_request(bytes(raw), max_texts=4, max_text_chars=50)
+        if req.error is not None:
+            assert isinstance(req.error, str) and "\n" not in req.error and req.texts == []
+        else:
+            assert 1 <= len(req.texts) <= 4 or req.texts == []
+            for text in req.texts + (req.pairs or []):
+                assert len(text) <= 50
+                text.encode("utf-8")  # valid Unicode scalar values only
+
+
 @pytest.fixture
 def serve_process(tiny_onnx, tmp_path):
     """``bertopt serve`` on free loopback ports in its own session (its workers are killed with it)."""
