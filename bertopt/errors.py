@@ -76,3 +76,9 @@ def check_writable(path, flag: str = "--out") -> None:
                         "write to") from None
     os.close(fd)
     os.unlink(name)
+
+
+class BackendFailed(Exception):
+    """A long-running command's backend failed."""
+
+    exit_code = 3

@@ -14,12 +14,18 @@ request to the response topic, keyed by the request's key::
     {"id": 7, "task": "classification", "result": {"label": "POSITIVE", "score": 0.93, "scores": {...}},
      "label": "POSITIVE", "artifact": ...}                                  (task models: "results" for "texts";
                                                                             entities, rerank score, sparse vector)
-    {"id": "r-2", "error": "<problem>; <fix>", "artifact": ...}          (a malformed request)
+    {"id": "r-2", "error": "<problem>; <fix>", "artifact": ...}          (a request that failed)
 
 and only after the broker acknowledged every response does it commit the batch's offsets (auto-commit is off).
 So delivery is at-least-once: a bridge that dies between predicting and committing leaves the batch uncommitted
-and it is processed again after the restart (the duplicate responses carry the same values). A request without
-an id cannot be answered: it is logged, counted and skipped, and never blocks its partition.
+and it is processed again after the restart (the duplicate responses carry the same values).
+
+Every message is untrusted (``bertopt.messages``): its size and JSON depth are bounded before parsing, and its
+types, text count and texts (valid Unicode, at most ``--max-text-chars``) are checked before anything is
+tokenised. Any request that fails (malformed, over a bound, refused or failed by the model) gets an error
+response for itself alone, keyed by its message key; one without a usable id is answered with ``"id": null``.
+The bridge itself exits, non-zero (``BackendFailed``, exit code 3), only when the backend or the broker fails:
+the batch is then not committed, and a restart answers it.
 """
 
 from __future__ import annotations
@@ -34,13 +40,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertopt.errors import UserError, require
+from bertopt.errors import BackendFailed, UserError, require
 from bertopt.messages import (  # noqa: F401  (the bridge's contract)
     _NO_ID,
     EMBEDDING_PAIRS_ERROR,
+    MAX_REQUEST_BYTES,
+    MAX_TEXT_CHARS,
+    MAX_TEXTS_PER_REQUEST,
     ParsedRequest,
     ResponseFormat,
     parse_request,
+    response_id,
 )
 
 log = logging.getLogger("bertopt.kafka")
@@ -48,6 +58,7 @@ log = logging.getLogger("bertopt.kafka")
 # Test-only fault injection: "kill-before-commit:N" makes the bridge SIGKILL itself after the N-th batch's
 # responses were acknowledged and before its offsets are committed, the exact window at-least-once is about.
 FAILPOINT_ENV = "BERTOPT_KAFKA_FAILPOINT"
+PROBE_TEXT = "bertopt health probe"
 
 @dataclass
 class BridgeConfig:
@@ -57,7 +68,9 @@ class BridgeConfig:
     group_id: str = "bertopt-kafka"
     max_batch: int = 64
     max_wait_ms: int = 50
-    max_texts_per_request: int = 256
+    max_texts_per_request: int = MAX_TEXTS_PER_REQUEST
+    max_text_chars: int = MAX_TEXT_CHARS
+    max_request_bytes: int = MAX_REQUEST_BYTES
     stats_interval_s: float = 10.0
     connect_timeout_s: float = 10.0
     flush_timeout_s: float = 60.0
@@ -71,6 +84,10 @@ class BridgeConfig:
             raise UserError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
         if self.max_texts_per_request < 1:
             raise UserError(f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}")
+        if self.max_text_chars < 1:
+            raise UserError(f"--max-text-chars must be at least 1, got {self.max_text_chars}")
+        if self.max_request_bytes < 64:
+            raise UserError(f"--max-request-bytes must be at least 64, got {self.max_request_bytes}")
         if not self.request_topic or not self.response_topic:
             raise UserError("--request-topic and --response-topic must not be empty")
         if self.request_topic == self.response_topic:
@@ -82,19 +99,15 @@ class BridgeConfig:
 class Counters:
     consumed: int = 0   # messages taken from the request topic
     produced: int = 0   # responses the broker acknowledged (error responses included)
-    errors: int = 0     # malformed requests (answered with an error or skipped) and consumer errors
-    skipped: int = 0    # malformed requests without an id: logged, not answered
+    errors: int = 0     # requests answered with an error response, and consumer errors
+    no_id: int = 0      # of those, requests without a usable id (answered with "id": null)
     texts: int = 0      # texts run through the model
     batches: int = 0
     committed: int = 0  # messages whose offsets were committed
     lag: int = -1       # requests waiting in the assigned partitions at the last check (-1: unknown)
 
 
-class BackendFailed(RuntimeError):
-    """The model backend (a bertopt serve cluster) did not answer: the batch is not committed."""
-
-
-class DeliveryFailed(RuntimeError):
+class DeliveryFailed(BackendFailed):
     """The broker did not acknowledge every response: the batch is not committed (it will be re-processed)."""
 
 
@@ -107,7 +120,12 @@ class LocalBackend:
     def __init__(self, artifact, *, threads: int | None = None, batch_size: int = 32, provider: str = "auto"):
         from bertopt.runtime import Predictor
 
-        self.predictor = Predictor(artifact, threads=threads, batch_size=batch_size, provider=provider)
+        try:
+            self.predictor = Predictor(artifact, threads=threads, batch_size=batch_size, provider=provider)
+        except UserError:
+            raise
+        except Exception as exc:  # a model the runtime cannot open: one line, and a non-zero exit
+            raise BackendFailed(f"cannot load the model of {artifact}: {_first_line(exc)}") from None
         self.digest = self.predictor.artifact.digest
         self.model_info = self.predictor.artifact.model_info
 
@@ -336,18 +354,20 @@ class KafkaBridge:
             consumed += 1
             key = (msg.topic(), msg.partition())
             commit_to[key] = max(commit_to.get(key, -1), msg.offset() + 1)
-            req = parse_request(msg.value(), self.cfg.max_texts_per_request)
+            req = parse_request(msg.value(), self.cfg.max_texts_per_request, max_text_chars=self.cfg.max_text_chars,
+                                max_bytes=self.cfg.max_request_bytes)
             if req.error is None and self._refuse is not None:
                 req.error = self._refuse(req.texts, req.pairs)
             if req.error is not None:
                 self.counters.errors += 1
                 where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
                 if req.id is _NO_ID:
-                    self.counters.skipped += 1
-                    log.warning("skipped request %s: %s; value starts %r", where, req.error, (msg.value() or b"")[:80])
+                    self.counters.no_id += 1
+                    log.warning("error response (id null) to request %s: %s; value starts %r", where, req.error,
+                                (msg.value() or b"")[:80])
                 else:
-                    log.warning("error response to request %s (id %r): %s", where, req.id, req.error)
-                    responses.append((msg, self.format.error(req.id, req.error)))
+                    log.warning("error response to request %s (id %.80r): %s", where, req.id, req.error)
+                responses.append((msg, self.format.error(response_id(req), req.error)))
                 continue
             ok.append((msg, req))
         responses.extend(self._predict(ok))
@@ -388,9 +408,12 @@ class KafkaBridge:
             pairs = [p for _, req in members for p in req.pairs] if with_pairs else None
             try:
                 values = self._run(texts, pairs, aggregation)
-            except UserError as exc:
-                # an input the model refuses: answer request by request so one bad request cannot sink the batch
-                log.warning("batch refused (%s); retrying request by request", exc)
+            except BackendFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - which request is to blame is found below
+                # an input the model refuses (UserError) or fails on: answer request by request, so one bad
+                # request cannot sink the batch
+                log.warning("batch failed (%s); retrying request by request", _first_line(exc))
                 for msg, req in members:
                     answered[id(msg)] = self._predict_one(msg, req)
                 continue
@@ -408,8 +431,29 @@ class KafkaBridge:
         except UserError as exc:
             self.counters.errors += 1
             return msg, self.format.error(req.id, str(exc))
+        except BackendFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the request, or the backend? a known-good probe tells
+            reason = _first_line(exc)
+            self._check_backend(reason)
+            self.counters.errors += 1
+            log.warning("error response to request id %.80r: the model failed on it (%s)", req.id, reason)
+            return msg, self.format.error(req.id, f"the model failed on this request ({reason}); check its texts")
         self.counters.texts += len(req.texts)
         return msg, self.format.ok(req.id, values, req.single)
+
+    def _check_backend(self, reason: str) -> None:
+        """After a request failed in the model: run a known-good text; if that fails too, the backend is broken
+        (BackendFailed: the batch is not committed, the bridge exits non-zero) rather than the request."""
+        probe = [PROBE_TEXT]
+        try:
+            self._run(probe, probe if self.format.task == "rerank" else None, "simple")
+        except BackendFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of a known-good text means a broken backend
+            raise BackendFailed(f"the {self.backend.name} backend fails on a known-good text too "
+                                f"({_first_line(exc)}; the request had failed with: {reason}); the batch was not "
+                                "committed and will be processed again after a restart") from None
 
     def _produce_and_wait(self, responses: list[tuple[Any, dict[str, Any]]]) -> None:
         self._delivery_errors.clear()
@@ -467,6 +511,11 @@ class KafkaBridge:
     def log_stats(self, final: bool = False) -> None:
         self.counters.lag = self.lag()
         log.info("%s %s", "final stats" if final else "stats", json.dumps(asdict(self.counters)))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def _parse_failpoint(value: str | None) -> int:

@@ -8,8 +8,9 @@ from typing import List, Optional
 
 import typer
 
-from bertopt.errors import UserError
+from bertopt.errors import BackendFailed, UserError
 from bertopt.kafka.spark_backend import SPARK_PARAM
+from bertopt.messages import MAX_REQUEST_BYTES, MAX_TEXT_CHARS, MAX_TEXTS_PER_REQUEST
 from bertopt.params import BATCH_SIZE, THREADS
 
 HELP = (
@@ -17,8 +18,9 @@ HELP = (
     "Consume up to --max-batch requests (or what arrived within --max-wait-ms), run them as one batch, produce one "
     "response per request to --response-topic, wait for the broker's acknowledgements, and only then commit the "
     "offsets. A bridge killed mid-batch leaves the batch uncommitted, so it is answered again after the restart "
-    "(duplicates possible, losses not). A malformed request gets an error response with its id (or, without an "
-    "id, is logged and skipped). SIGTERM finishes the batch in hand, commits and exits 0.\n\n"
+    "(duplicates possible, losses not). A request that fails (malformed, over a bound, refused by the model) gets "
+    "an error response with its id (null when it has none); the bridge lives on. SIGTERM finishes the batch in "
+    "hand, commits and exits 0; a backend or broker failure exits 3 without committing the batch.\n\n"
     "Example: [bold]bertopt kafka artifacts/int8 --bootstrap kafka1:9092 --request-topic bert-requests "
     "--response-topic bert-responses --max-batch 64[/]"
 )
@@ -56,9 +58,14 @@ def register(app: typer.Typer) -> None:
                                      help="zmq backend: the server's reply port."),
         timeout_ms: int = typer.Option(30000, "--timeout-ms", min=1, help="zmq backend: give up on a batch after this "
                                        "long (the bridge then exits without committing it)."),
-        max_texts_per_request: int = typer.Option(256, "--max-texts-per-request", help="A request with more "
-                                                  "texts gets an error response (responses must fit in one Kafka "
-                                                  "message)."),
+        max_texts_per_request: int = typer.Option(MAX_TEXTS_PER_REQUEST, "--max-texts-per-request",
+                                                  help="A request with more texts gets an error response "
+                                                  "(responses must fit in one Kafka message)."),
+        max_text_chars: int = typer.Option(MAX_TEXT_CHARS, "--max-text-chars", help="A request holding a longer "
+                                           "text (or pair) gets an error response; the model reads only its first "
+                                           "--max-seq-len tokens anyway."),
+        max_request_bytes: int = typer.Option(MAX_REQUEST_BYTES, "--max-request-bytes", help="A larger request "
+                                              "message gets an error response, before it is parsed."),
         master: Optional[str] = typer.Option(None, SPARK_PARAM["master"].cli_flag, show_default=False,
                                              help=SPARK_PARAM["master"].help +
                                              f" (default: {SPARK_PARAM['master'].default})"),
@@ -76,7 +83,7 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     ) -> None:
         """Answer prediction requests from a Kafka topic, at least once (help: HELP above)."""
-        from bertopt.kafka.bridge import BackendFailed, BridgeConfig, DeliveryFailed, KafkaBridge, parse_kafka_options
+        from bertopt.kafka.bridge import BridgeConfig, KafkaBridge, parse_kafka_options
 
         level = getattr(logging, log_level.upper(), None)
         if not isinstance(level, int):
@@ -88,7 +95,8 @@ def register(app: typer.Typer) -> None:
             raise UserError("--master and --partitions belong to the spark backend; add --backend spark or drop them")
         cfg = BridgeConfig(bootstrap=bootstrap, request_topic=request_topic, response_topic=response_topic,
                            group_id=group_id, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                           max_texts_per_request=max_texts_per_request, stats_interval_s=stats_interval,
+                           max_texts_per_request=max_texts_per_request, max_text_chars=max_text_chars,
+                           max_request_bytes=max_request_bytes, stats_interval_s=stats_interval,
                            connect_timeout_s=connect_timeout,
                            kafka_config=parse_kafka_options(kafka_option or []))
         cfg.check()
@@ -97,24 +105,25 @@ def register(app: typer.Typer) -> None:
         warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
         if warning:
             typer.echo(warning, err=True)
-        if backend == "local":
-            from bertopt.kafka.bridge import LocalBackend
-
-            runner = LocalBackend(artifact, threads=threads, batch_size=batch_size)
-        elif backend == "spark":
-            from bertopt.kafka.spark_backend import SparkBackend
-
-            runner = SparkBackend(artifact, master=master, partitions=partitions, threads=threads,
-                                  batch_size=batch_size)
-        else:
-            from bertopt.errors import require
-            from bertopt.kafka.bridge import ZmqBackend
-
-            require("zmq", "serve", "bertopt kafka --backend zmq")
-            runner = ZmqBackend(artifact, host=server, port=port, port_out=port_out, timeout_ms=timeout_ms)
-        bridge = KafkaBridge(runner, cfg)
         try:
-            bridge.run()
-        except (BackendFailed, DeliveryFailed) as exc:
-            logging.getLogger("bertopt.kafka").error("%s", exc)
-            raise typer.Exit(1) from None
+            if backend == "local":
+                from bertopt.kafka.bridge import LocalBackend
+
+                runner = LocalBackend(artifact, threads=threads, batch_size=batch_size)
+            elif backend == "spark":
+                from bertopt.kafka.spark_backend import SparkBackend
+
+                runner = SparkBackend(artifact, master=master, partitions=partitions, threads=threads,
+                                      batch_size=batch_size, max_text_chars=max_text_chars)
+            else:
+                from bertopt.errors import require
+                from bertopt.kafka.bridge import ZmqBackend
+
+                require("zmq", "serve", "bertopt kafka --backend zmq")
+                runner = ZmqBackend(artifact, host=server, port=port, port_out=port_out, timeout_ms=timeout_ms)
+            KafkaBridge(runner, cfg).run()
+        except BackendFailed as exc:
+            # one ERROR line, then the exit code itself: raised as SystemExit, it passes the Typer/click layer
+            # untouched (a typer.Exit code is dropped in non-standalone mode)
+            logging.getLogger("bertopt.kafka").error("backend failed: %s", exc)
+            raise SystemExit(exc.exit_code) from None

@@ -13,7 +13,7 @@ column, ``Predictor.predict``'s result as JSON, so every response equals the loc
 The Spark session and the column function are made once, when the bridge starts, and a warm-up job loads the
 model in the workers before the first request is consumed, so a broken set-up (artifact missing on the
 executors, no GPU for ``--provider cuda``) fails at start-up with one line and exit code 2. A Spark job that
-fails later (a worker lost, the JVM gone) raises ``BackendFailed``: the bridge exits 1 without committing and the
+fails later (a worker lost, the JVM gone) raises ``BackendFailed``: the bridge exits 3 without committing and the
 batch is answered after the restart (at least once).
 
 The UDF gives no prediction for empty or whitespace-only text (a null, as in ``spark-predict``), so a request
@@ -27,6 +27,7 @@ import time
 from typing import Any, Sequence
 
 from bertopt.errors import UserError
+from bertopt.messages import MAX_TEXT_CHARS
 from bertopt.params import Param, resolve_config
 
 log = logging.getLogger("bertopt.kafka")
@@ -62,7 +63,7 @@ class SparkBackend:
 
     def __init__(self, artifact, *, master: str | None = None, partitions: int | None = None,
                  threads: int | None = None, batch_size: int = 32, provider: str = "auto",
-                 conf: dict[str, str] | None = None, spark=None):
+                 conf: dict[str, str] | None = None, spark=None, max_text_chars: int = MAX_TEXT_CHARS):
         from bertopt.artifact import Artifact
         from bertopt.errors import require
 
@@ -80,7 +81,9 @@ class SparkBackend:
         self.model_info = art.model_info
         self.batches = 0
         self.spark_seconds = 0.0  # time spent in Spark jobs (DataFrame made, predicted, collected)
-        self._udf_options = {"batch_size": batch_size, "threads": threads, "provider": provider}
+        self._udf_options = {"batch_size": batch_size, "threads": threads, "provider": provider,
+                             "max_text_chars": max_text_chars}
+        self.max_text_chars = max_text_chars
         self._udfs: dict[tuple[bool, str], Any] = {}
         self._own_session = spark is None
         from bertopt.spark.session import get_session
@@ -127,11 +130,18 @@ class SparkBackend:
 
     def refuse(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> str | None:
         """Why a request cannot go to Spark (answered with an error response), or None."""
+        from bertopt.messages import text_problem
         from bertopt.spark.streaming import EMPTY_TEXT_ERROR
         from bertopt.spark.udf import is_text
 
         ok = all(is_text(t) for t in texts) and (pairs is None or all(is_text(p) for p in pairs))
-        return None if ok else EMPTY_TEXT_ERROR
+        if not ok:
+            return EMPTY_TEXT_ERROR
+        for value in list(texts) + list(pairs or []):  # the bridge checked these already; API callers may not
+            problem = text_problem(value, self.max_text_chars)
+            if problem is not None:
+                return problem
+        return None
 
     def encode(self, texts: Sequence[str]):
         if self.task != "embedding":
@@ -154,7 +164,7 @@ class SparkBackend:
         return [json.loads(v) for v in values]
 
     def _job(self, udf, texts: list[str], pairs: list[str] | None):
-        from bertopt.kafka.bridge import BackendFailed
+        from bertopt.errors import BackendFailed
         from bertopt.spark.session import bertopt_error_in
 
         refused = self.refuse(texts, pairs)

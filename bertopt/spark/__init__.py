@@ -2,7 +2,9 @@
 
 * ``predict_udf(artifact, ...)``: a ``predict_batch_udf`` column function, text column(s) -> embedding /
   logits (``array<float>``) or label (string);
-* ``predict_dataframe(df, artifact, ...)``: the ``mapInPandas`` variant keeping every input column;
+* ``predict_dataframe(df, artifact, ...)``: the ``mapInPandas`` variant keeping every input column (plus
+  ``error``: why a row got no prediction);
+* ``text_error(text_col, pair_col=None, max_text_chars=...)``: that reason as a Spark SQL column;
 * ``ship_artifact(spark, artifact)``: send an artifact to the executors as an archive;
 * ``spark_check(artifact, texts, ...)``: the UDF's results against the in-process runtime's;
 * ``get_session(master)``: a SparkSession set up for inference;
@@ -20,6 +22,7 @@ import importlib
 _EXPORTS = {
     "predict_udf": "bertopt.spark.udf",
     "predict_dataframe": "bertopt.spark.udf",
+    "text_error": "bertopt.spark.udf",
     "ship_artifact": "bertopt.spark.udf",
     "ArtifactRef": "bertopt.spark.udf",
     "read_load_log": "bertopt.spark.udf",

@@ -7,14 +7,16 @@ from typing import Optional
 
 import typer
 
+from bertopt.messages import MAX_TEXT_CHARS
 from bertopt.params import BATCH_SIZE, MAX_SEQ_LEN
 from bertopt.spark.udf import SPARK_PROVIDER
 
 HELP = (
     "Run an artifact over a table with Spark and write Parquet with the input columns plus the predictions.\n\n"
-    "Null or empty text gives a null prediction, not a failed job. The model is loaded once per Python worker and "
-    "reused for every batch and task; on CPU each task gets (cores / concurrent tasks) threads, with GPUs partition "
-    "i runs on GPU i mod #GPUs. Progress is shown per Spark task; rows/s is printed at the end.\n\n"
+    "A row whose text is null, empty, not valid UTF-8 or over --max-text-chars gets null predictions and the reason "
+    "in the 'error' column (null where the row was predicted), never a failed job. The model is loaded once per "
+    "Python worker and reused for every batch and task; on CPU each task gets (cores / concurrent tasks) threads, "
+    "with GPUs partition i runs on GPU i mod #GPUs. Progress is shown per Spark task; rows/s is printed at the end.\n\n"
     "Example: [bold]bertopt spark-predict -a art/int8 -i reviews.parquet -o reviews-emb.parquet --text-col body "
     "--master local[2][/]\n\n"
     "On a cluster the executors must read the artifact: give a path on a shared file system, or pass --ship "
@@ -57,6 +59,9 @@ def register(app: typer.Typer) -> None:
                                         "max."),
         sparse_format: str = typer.Option("struct", "--sparse-format", help="SPLADE models: 'struct' "
                                           "(indices and values arrays) or 'vector' (Spark ML SparseVector)."),
+        max_text_chars: int = typer.Option(MAX_TEXT_CHARS, "--max-text-chars", min=1, help="Longer texts get no "
+                                           "prediction and the reason in the 'error' column (the model reads "
+                                           "only its first --max-seq-len tokens anyway)."),
     ) -> None:
         """Run an artifact over a table with Spark and write Parquet with the predictions appended."""
         import warnings
@@ -79,9 +84,11 @@ def register(app: typer.Typer) -> None:
             result = spark_predict(artifact, input, output, text_col=text_col, pair_col=pair_col, master=master,
                                    partitions=partitions, batch_size=batch_size, max_seq_len=max_seq_len, fmt=fmt,
                                    outputs=names, prefix=prefix, force=force, ship=ship, provider=provider,
-                                   progress=report, aggregation=aggregation, sparse_format=sparse_format)
-        console.print(f"[green]wrote[/] {result['output']}: {result['rows']} rows ({result['null_rows']} null/empty "
-                      f"texts -> null), columns + {', '.join(prefix + o for o in result['outputs'])}")
+                                   progress=report, aggregation=aggregation, sparse_format=sparse_format,
+                                   max_text_chars=max_text_chars)
+        console.print(f"[green]wrote[/] {result['output']}: {result['rows']} rows ({result['null_rows']} without a "
+                      f"prediction: see column '{prefix}error'), columns + "
+                      f"{', '.join(prefix + o for o in result['outputs'])}, {prefix}error")
         console.print(f"{result['rows_per_s']:.1f} rows/s ({result['rows']} rows in {result['seconds']:.1f} s on "
                       f"{result['master']}, {result['partitions']} partitions; Spark start-up "
                       f"{result['startup_s']:.1f} s)")

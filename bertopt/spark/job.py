@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bertopt.errors import UserError, check_writable
+from bertopt.messages import MAX_TEXT_CHARS
 
 FORMATS = ("auto", "parquet", "csv", "text")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -163,7 +164,7 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
                   outputs: Sequence[str] | None = None, prefix: str = "", force: bool = False, ship: bool = False,
                   provider: str = "auto", threads: int | None = None, spark=None,
                   progress: Callable[[int, int], None] | None = None, aggregation: str = "simple",
-                  sparse_format: str = "struct") -> dict[str, Any]:
+                  sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """Run the artifact over a table and write Parquet with the input columns plus the predictions."""
     from bertopt.artifact import Artifact
     from bertopt.runtime.tasks import check_aggregation
@@ -208,7 +209,7 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     predicted = predict_dataframe(df, art, text_col=text_col, pair_col=pair_col, outputs=outputs, prefix=prefix,
                                   batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                                   threads=threads, ship=ship, counters=counters, aggregation=aggregation,
-                                  sparse_format=sparse_format)
+                                  sparse_format=sparse_format, max_text_chars=max_text_chars)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.parent / f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}"

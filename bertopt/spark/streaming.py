@@ -8,11 +8,12 @@
       -> write.format("kafka") (response topic)        checkpointed in ``checkpoint``
 
 Requests and responses are the ones ``bertopt kafka`` reads and writes (``docs/kafka.md``): the same parser, the
-same error messages, the same response fields, keyed by the request's key. A request without a usable id cannot
-be answered and is dropped (logged by the executor). Each micro-batch is a static DataFrame inside
-``foreachBatch``, so the texts of a multi-text request can be exploded, predicted and gathered again without
-streaming state; Spark re-runs a micro-batch whose write failed from the checkpointed offsets, so delivery is at
-least once, as with the bridge.
+same bounds and checks (size and JSON depth before parsing, text count, valid Unicode, text length), the same
+error messages, the same response fields, keyed by the request's key: every request that fails gets an error
+response for itself (``"id": null`` when it has no usable id) and the query lives on. Each micro-batch is a
+static DataFrame inside ``foreachBatch``, so the texts of a multi-text request can be exploded, predicted and
+gathered again without streaming state; Spark re-runs a micro-batch whose write failed from the checkpointed
+offsets, so delivery is at least once, as with the bridge.
 
 ``kafka_responses(df, artifact)`` is that per-batch transformation on its own: any DataFrame with the Kafka
 source's ``key`` / ``value`` columns (a static one in tests, or read with ``spark.read.format("kafka")``) becomes
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.messages import MAX_REQUEST_BYTES, MAX_TEXT_CHARS, MAX_TEXTS_PER_REQUEST
 
 log = logging.getLogger("bertopt.spark")
 
@@ -68,8 +70,10 @@ class _ParseRequests:
     error); the rest dropped. A request the model cannot take (pairs for a single-text model, a rerank request
     without them, an unknown aggregation) gets the error ``Predictor.predict`` (and so the bridge) gives."""
 
-    def __init__(self, max_texts: int, has_position: bool, task: str, model_info: dict[str, Any]):
+    def __init__(self, max_texts: int, has_position: bool, task: str, model_info: dict[str, Any],
+                 max_text_chars: int, max_bytes: int):
         self.max_texts, self.has_position = max_texts, has_position
+        self.max_text_chars, self.max_bytes = max_text_chars, max_bytes
         self.task, self.model_info = task, model_info
 
     def refusal(self, req) -> str | None:
@@ -92,23 +96,23 @@ class _ParseRequests:
     def __call__(self, batches: Iterator) -> Iterator:
         import pandas as pd
 
-        from bertopt.messages import _NO_ID, parse_request
+        from bertopt.messages import _NO_ID, parse_request, response_id
 
         for pdf in batches:
             rows = []
             positions = zip(pdf["partition"], pdf["offset"]) if self.has_position else [("?", "?")] * len(pdf)
             for key, value, (part, offset) in zip(pdf["key"], pdf["value"], positions):
                 value = value.encode() if isinstance(value, str) else value
-                req = parse_request(None if value is None else bytes(value), self.max_texts)
+                req = parse_request(None if value is None else bytes(value), self.max_texts,
+                                    max_text_chars=self.max_text_chars, max_bytes=self.max_bytes)
                 if req.error is None:
                     req.error = self.refusal(req)
                 if req.id is _NO_ID:
-                    log.warning("skipped request [%s]@%s: %s", part, offset, req.error)
-                    continue
+                    log.warning("error response (id null) to request [%s]@%s: %s", part, offset, req.error)
                 pairs = req.pairs if req.pairs is not None else [None] * len(req.texts)
                 items = [{"text": t, "pair": p} for t, p in zip(req.texts, pairs)] if req.error is None else []
                 aggregation = req.aggregation if self.task == "token-classification" else "simple"
-                rows.append((None if key is None else bytes(key), json.dumps(req.id), req.single, items,
+                rows.append((None if key is None else bytes(key), json.dumps(response_id(req)), req.single, items,
                              aggregation, req.error))
             yield pd.DataFrame(rows, columns=["key", "rid", "single", "items", "aggregation", "error"])
 
@@ -183,14 +187,17 @@ class ResponseBuilder:
     is read and the UDF built once, not per micro-batch). Embedding models answer with the UDF's embedding column;
     task models with its ``result`` column (``Predictor.predict``'s result), so responses equal the bridge's."""
 
-    def __init__(self, artifact, *, spark=None, batch_size: int = 32, max_texts_per_request: int = 256,
-                 threads: int | None = None, provider: str = "auto", archive: str | None = None, ship: bool = False,
-                 partitions: int | None = None):
+    def __init__(self, artifact, *, spark=None, batch_size: int = 32,
+                 max_texts_per_request: int = MAX_TEXTS_PER_REQUEST, max_text_chars: int = MAX_TEXT_CHARS,
+                 max_request_bytes: int = MAX_REQUEST_BYTES, threads: int | None = None, provider: str = "auto",
+                 archive: str | None = None, ship: bool = False, partitions: int | None = None):
         from bertopt.runtime.tasks import AGGREGATIONS, task_of
         from bertopt.spark.udf import RESULT, _active_session, _load_on_driver, _ref_for, make_options, predict_udf
 
-        if max_texts_per_request < 1:
-            raise UserError(f"max_texts_per_request must be at least 1, got {max_texts_per_request}")
+        for name, value in (("max_texts_per_request", max_texts_per_request), ("max_text_chars", max_text_chars),
+                            ("max_request_bytes", max_request_bytes)):
+            if value < 1:
+                raise UserError(f"{name} must be at least 1, got {value}")
         if partitions is not None and partitions < 1:
             raise UserError(f"partitions must be at least 1, got {partitions}")
         self.spark = _active_session(spark)
@@ -198,13 +205,15 @@ class ResponseBuilder:
         self.art = _load_on_driver(artifact)
         self.task = task_of(self.art)
         self.max_texts = max_texts_per_request
+        self.max_text_chars, self.max_request_bytes = max_text_chars, max_request_bytes
         if self.task == "embedding":
             self.udf = predict_udf(self.art, batch_size=batch_size, threads=threads, provider=provider,
-                                   spark=self.spark, archive=archive, ship=ship)
+                                   spark=self.spark, archive=archive, ship=ship, max_text_chars=max_text_chars)
         else:
             aggregations = AGGREGATIONS if self.task == "token-classification" else ("simple",)
             self.options = {a: make_options(self.art, self.spark, [RESULT], batch_size=batch_size, max_seq_len=None,
-                                            provider=provider, threads=threads, load_log=None, aggregation=a)
+                                            provider=provider, threads=threads, load_log=None, aggregation=a,
+                                            max_text_chars=max_text_chars)
                             for a in aggregations}
             self.ref = _ref_for(self.spark, self.art, archive, ship)
 
@@ -239,8 +248,8 @@ class ResponseBuilder:
         # cluster has cores) and ends the parsing stage: a task then runs one Python step at a time, so a worker
         # parsing requests never sits next to a worker holding the model (twice the workers, twice the loads).
         parsed = (requests.select(*cols)
-                  .mapInPandas(_ParseRequests(self.max_texts, has_position, self.task, self.art.model_info),
-                               parsed_schema)
+                  .mapInPandas(_ParseRequests(self.max_texts, has_position, self.task, self.art.model_info,
+                                              self.max_text_chars, self.max_request_bytes), parsed_schema)
                   .withColumn("req_no", F.monotonically_increasing_id())
                   .repartition(self.partitions))
         exploded = parsed.select("req_no", "key", "rid", "single", "error", "aggregation",
@@ -265,7 +274,8 @@ class ResponseBuilder:
 
 def kafka_responses(requests, artifact, **options):
     """Kafka request rows (``key``, ``value``) -> response rows (``key``, ``value``), as ``bertopt kafka`` answers
-    them. ``options``: ``batch_size``, ``max_texts_per_request``, ``threads``, ``provider``, ``archive``,
+    them. ``options``: ``batch_size``, ``max_texts_per_request``, ``max_text_chars``, ``max_request_bytes`` (the
+    bridge's per-request bounds, same defaults), ``threads``, ``provider``, ``archive``,
     ``ship`` (as for ``predict_udf``), ``partitions`` (tasks the texts are spread over; default: the session's
     default parallelism)."""
     return ResponseBuilder(artifact, spark=requests.sparkSession, **options).responses(requests)
@@ -311,7 +321,9 @@ def _kafka_options(kafka_options: dict[str, str] | None) -> dict[str, str]:
 
 
 def kafka_stream_job(spark, artifact, bootstrap: str, request_topic: str, response_topic: str, checkpoint: str, *,
-                     batch_size: int = 32, max_texts_per_request: int = 256, max_offsets_per_trigger: int | None = None,
+                     batch_size: int = 32, max_texts_per_request: int = MAX_TEXTS_PER_REQUEST,
+                     max_text_chars: int = MAX_TEXT_CHARS, max_request_bytes: int = MAX_REQUEST_BYTES,
+                     max_offsets_per_trigger: int | None = None,
                      starting_offsets: str = "earliest", trigger_seconds: float | None = None,
                      kafka_options: dict[str, str] | None = None, query_name: str | None = None,
                      threads: int | None = None, provider: str = "auto", archive: str | None = None,
@@ -353,5 +365,6 @@ def kafka_stream_job(spark, artifact, bootstrap: str, request_topic: str, respon
 
     return start_response_stream(source, art, to_kafka, checkpoint, query_name=query_name,
                                  trigger_seconds=trigger_seconds, batch_size=batch_size,
-                                 max_texts_per_request=max_texts_per_request, threads=threads, provider=provider,
+                                 max_texts_per_request=max_texts_per_request, max_text_chars=max_text_chars,
+                                 max_request_bytes=max_request_bytes, threads=threads, provider=provider,
                                  archive=archive, ship=ship, partitions=partitions)

@@ -13,8 +13,13 @@ Every load appends one line to the load log (``load_log=`` or the ``BERTOPT_SPAR
 variable) and bumps ``LOADS``: that is how tests and users can see that a job loaded the model N times, not
 once per batch.
 
-Null, empty or whitespace-only text gives a null prediction (not a failed job). The model always runs
-through ``bertopt.runtime.Predictor``, the one runtime that ``bertopt validate`` checks.
+A row whose text cannot be predicted (null, empty or whitespace-only, not valid UTF-8, over
+``max_text_chars`` characters) gets a null prediction and never fails the job or the stage: the checks run in
+Spark SQL (``text_error``) before any text reaches Python, so even bytes that are not UTF-8 never get to the
+Arrow/pandas conversion that would raise. ``predict_dataframe`` (and so ``spark-predict``) writes the reason
+into an ``error`` column (null where the row was predicted); with ``predict_udf``, add ``text_error(...)`` as a
+column to see it. The model always runs through ``bertopt.runtime.Predictor``, the one runtime that
+``bertopt validate`` checks.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bertopt.errors import ArtifactError, UserError
+from bertopt.messages import MAX_TEXT_CHARS, text_problem
 from bertopt.params import PROVIDER
 
 # executors run ONNX Runtime on CPU or one GPU per partition (no TensorRT)
@@ -49,6 +55,8 @@ SPARSE = "sparse"
 # the task result exactly as ``Predictor.predict`` gives it (every field: all class scores, per-token entities with
 # their index, ...), as JSON text; what ``bertopt kafka --backend spark`` answers task requests with
 RESULT = "result"
+# why a row has no prediction (null when it has one): predict_dataframe's last column, and text_error's value
+ERROR = "error"
 # columns computed from the task's output (bertopt.runtime.tasks), next to the artifact's own outputs
 DERIVED = {LABEL: "classification", CONFIDENCE: "classification", ENTITIES: "token-classification",
            SCORE: "rerank", SPARSE: "sparse-embedding"}
@@ -149,6 +157,7 @@ class UdfOptions:
     aggregation: str = "simple"  # token classification: the transformers-pipeline aggregation strategy
     sparse_format: str = "struct"  # SPLADE: struct<indices, values> or "vector" (Spark ML SparseVector)
     sparse_size: int = 0  # the vocabulary size, for SparseVector
+    max_text_chars: int = MAX_TEXT_CHARS  # longer texts get no prediction (text_error says why)
 
 
 def task_placement(opts: UdfOptions):
@@ -229,13 +238,50 @@ def is_text(value: Any) -> bool:
     return isinstance(value, str) and value.strip(_BLANK) != ""
 
 
+def predictable(value: Any, max_chars: int = MAX_TEXT_CHARS) -> bool:
+    """Text the model can take: non-empty, valid Unicode, at most ``max_chars`` characters (``text_error``'s
+    rules, checked again on the Python side for callers that bypass the Spark-side check)."""
+    return is_text(value) and text_problem(value, max_chars) is None
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def text_error(text_col, pair_col=None, max_text_chars: int = MAX_TEXT_CHARS):
+    """A string Column: why a row gets no prediction from ``predict_udf`` / ``predict_dataframe`` (null text,
+    empty or whitespace-only, not valid UTF-8, over ``max_text_chars`` characters), or null when it gets one.
+    Pure Spark SQL: no Python worker, no model. ``df.withColumn("error", text_error("text"))``."""
+    from pyspark.sql import functions as F
+
+    if max_text_chars < 1:
+        raise UserError(f"max_text_chars must be at least 1, got {max_text_chars}")
+    named = [("text", text_col)] + ([("pair", pair_col)] if pair_col is not None else [])
+    error = None
+    for label, col in named:
+        c = F.col(_quoted(col)) if isinstance(col, str) else col
+        checks = [
+            (c.isNull(), F.lit(f"{label} is null")),
+            (~F.is_valid_utf8(c), F.lit(f"{label} is not valid UTF-8 (a broken byte sequence or an encoded lone "
+                                         "surrogate); re-encode it")),
+            (c.rlike(_BLANK_REGEX), F.lit(f"{label} is empty or whitespace-only")),
+            (F.length(c) > max_text_chars, F.concat(F.lit(f"{label}: "), F.length(c).cast("string"),
+                                                    F.lit(f" characters, over the limit of {max_text_chars}; "
+                                                          "shorten or split it (or raise max_text_chars)"))),
+        ]
+        for condition, message in checks:
+            error = F.when(condition, message) if error is None else error.when(condition, message)
+    return error
+
+
 def predict_rows(predictor, texts: Sequence[Any], pairs: Sequence[Any] | None, opts: UdfOptions) -> dict[str, list]:
     """Each requested output as a per-row list (arrays; label strings, confidences, entity lists, rerank scores,
     sparse {indices, values}); None where the text is null/empty."""
     from bertopt.runtime.tasks import results_from_outputs
 
     n = len(texts)
-    valid = [i for i in range(n) if is_text(texts[i]) and (pairs is None or is_text(pairs[i]))]
+    limit = opts.max_text_chars
+    valid = [i for i in range(n) if predictable(texts[i], limit) and (pairs is None or predictable(pairs[i], limit))]
     result: dict[str, list] = {name: [None] * n for name in opts.outputs}
     if not valid:
         return result
@@ -412,12 +458,14 @@ def _output_dim(art, name: str) -> int:
 
 def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq_len: int | None, provider: str,
                  threads: int | None, load_log: str | None, aggregation: str = "simple",
-                 sparse_format: str = "struct") -> UdfOptions:
+                 sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS) -> UdfOptions:
     from bertopt.spark.placement import concurrent_tasks_for
     from bertopt.spark.session import worker_reuse_enabled
 
     if batch_size < 1:
         raise UserError(f"batch size must be at least 1, got {batch_size}")
+    if max_text_chars < 1:
+        raise UserError(f"max_text_chars must be at least 1, got {max_text_chars}")
     if provider not in SPARK_PROVIDER.choices:
         raise UserError(f"unknown provider '{provider}'; choose {', '.join(SPARK_PROVIDER.choices)}")
     if not worker_reuse_enabled(spark):
@@ -443,7 +491,8 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
                       load_log=load_log or os.environ.get(LOAD_LOG_ENV),
                       label_source=_task_output(art, task) if task_columns else None,
                       id2label=tuple((str(k), str(v)) for k, v in id2label.items()), task=task,
-                      aggregation=aggregation, sparse_format=sparse_format, sparse_size=sparse_size)
+                      aggregation=aggregation, sparse_format=sparse_format, sparse_size=sparse_size,
+                      max_text_chars=max_text_chars)
 
 
 def check_task_columns(art, pairs: bool) -> None:
@@ -479,7 +528,7 @@ def _active_session(spark):
 def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, max_seq_len: int | None = None,
                 pairs: bool = False, provider: str = "auto", threads: int | None = None, window: int | None = None,
                 spark=None, archive: str | None = None, ship: bool = False, load_log: str | None = None,
-                aggregation: str = "simple", sparse_format: str = "struct"):
+                aggregation: str = "simple", sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS):
     """A column function running an artifact on a text column (or two, for pairs), built on
     ``pyspark.ml.functions.predict_batch_udf``.
 
@@ -494,6 +543,8 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     Each predict call sees up to ``window`` rows, sorted by length and cut into ``batch_size`` batches.
     ``archive=NAME`` loads the artifact on executors from an archive shipped as ``--archives ART.zip#NAME``;
     ``ship=True`` zips and ships the driver's copy itself.
+    A row whose text (or pair) is null, empty, not valid UTF-8 or over ``max_text_chars`` characters gets null,
+    and its text never reaches Python; ``text_error(text, pair, max_text_chars)`` is the column saying why.
     """
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
@@ -504,7 +555,8 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     check_task_columns(art, pairs)
     name = resolve_outputs(art, None)[0] if output is None else resolve_outputs(art, [output])[0]
     opts = make_options(art, spark, [name], batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
-                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format)
+                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format,
+                        max_text_chars=max_text_chars)
     ref = _ref_for(spark, art, archive, ship)
     is_label = name == LABEL
     window = max(batch_size, window or DEFAULT_WINDOW)
@@ -522,11 +574,10 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
             raise UserError("this UDF takes one text column; make it with pairs=True to pass a second one")
         cols = [F.col(c) if isinstance(c, str) else c for c in ([text_col] if pair_col is None else
                                                                  [text_col, pair_col])]
-        valid = None
-        for c in cols:
-            ok = c.isNotNull() & ~c.rlike(_BLANK_REGEX)
-            valid = ok if valid is None else valid & ok
-        return F.when(valid, raw(*cols))
+        valid = text_error(*cols, max_text_chars=max_text_chars).isNull()
+        # A Python UDF sees every row whatever the CASE around it, so a row that fails the checks is handed to
+        # it as null (never decoded in Python) and its result nulled here
+        return F.when(valid, raw(*[F.when(valid, c) for c in cols]))
 
     column.output = name
     column.options = opts
@@ -567,22 +618,30 @@ class _TaskColumnFn:
         return F.pandas_udf(predict, return_type)
 
 
+_HIDDEN_TEXT, _HIDDEN_PAIR = "__bertopt_text", "__bertopt_pair"
+
+
 class _PartitionPredictor:
-    """The mapInPandas function: appends prediction columns to each pandas batch of a partition."""
+    """The mapInPandas function: appends prediction columns (and the error column) to each pandas batch of a
+    partition. The model reads the hidden, checked copies of the text columns (null where ``text_error`` found a
+    problem); the input columns pass through untouched."""
 
     def __init__(self, ref: ArtifactRef, opts: UdfOptions, text_col: str, pair_col: str | None,
-                 columns: dict[str, str], rows_acc=None, null_acc=None):
+                 columns: dict[str, str], rows_acc=None, null_acc=None, input_cols: Sequence[str] = (),
+                 error_col: str = ERROR):
         self.ref, self.opts, self.text_col, self.pair_col = ref, opts, text_col, pair_col
         self.columns, self.rows_acc, self.null_acc = columns, rows_acc, null_acc
+        self.input_cols, self.error_col = list(input_cols), error_col
 
     def __call__(self, batches: Iterator) -> Iterator:
         for pdf in batches:
-            texts = pdf[self.text_col].tolist()
-            pairs = pdf[self.pair_col].tolist() if self.pair_col else None
+            texts = pdf[_HIDDEN_TEXT].tolist()
+            pairs = pdf[_HIDDEN_PAIR].tolist() if self.pair_col else None
             values = predict_rows(get_predictor(self.ref, self.opts), texts, pairs, self.opts)
-            out = pdf.copy()
+            out = pdf[self.input_cols].copy()
             for name, column in self.columns.items():
                 out[column] = values[name]
+            out[self.error_col] = pdf[self.error_col]
             if self.rows_acc is not None:
                 self.rows_acc.add(len(pdf))
             if self.null_acc is not None and self.opts.outputs:
@@ -608,16 +667,21 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
                       outputs: Sequence[str] | str | None = None, prefix: str = "", batch_size: int = 32,
                       max_seq_len: int | None = None, provider: str = "auto", threads: int | None = None,
                       archive: str | None = None, ship: bool = False, load_log: str | None = None,
-                      counters: dict | None = None, aggregation: str = "simple", sparse_format: str = "struct"):
-    """``df`` with every input column kept and one column per prediction appended (``mapInPandas``).
+                      counters: dict | None = None, aggregation: str = "simple", sparse_format: str = "struct",
+                      max_text_chars: int = MAX_TEXT_CHARS):
+    """``df`` with every input column kept, one column per prediction appended (``mapInPandas``), and last an
+    ``error`` column (``prefix`` + "error"): null where the row was predicted, else why not (``text_error``: null,
+    empty, not valid UTF-8, over ``max_text_chars`` characters), the row's predictions then null.
 
     Embeddings/logits are ``array<float>``, ``label`` is a string and ``confidence`` a double (classifiers),
     ``entities`` an ``array<struct<entity_group, score, word, start, end>>`` (token classification), ``score`` a
     double (rerank: ``pair_col`` holds the passages), ``sparse`` a ``struct<indices, values>`` or SparseVector
-    (SPLADE), ``result`` the JSON text of ``Predictor.predict``'s result; null or empty text gives nulls.
-    ``counters``: pass a dict to receive Spark accumulators ``rows`` and ``null_rows`` filled by the job.
+    (SPLADE), ``result`` the JSON text of ``Predictor.predict``'s result.
+    ``counters``: pass a dict to receive Spark accumulators ``rows`` and ``null_rows`` (rows without a
+    prediction) filled by the job.
     """
-    from pyspark.sql.types import StructField, StructType
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
     spark = df.sparkSession
     check_columns(df, text_col, pair_col)
@@ -625,16 +689,32 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
     check_task_columns(art, pair_col is not None)
     names = resolve_outputs(art, outputs)
     columns = {name: f"{prefix}{name}" for name in names}
-    clash = [c for c in columns.values() if c in df.columns]
+    error_col = f"{prefix}{ERROR}"
+    clash = [c for c in [*columns.values(), error_col] if c in df.columns]
     if clash:
         raise UserError(f"the input already has a column '{clash[0]}'; choose a --prefix for the prediction columns")
     opts = make_options(art, spark, names, batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
-                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format)
+                        threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format,
+                        max_text_chars=max_text_chars)
     ref = _ref_for(spark, art, archive, ship)
     rows_acc = null_acc = None
     if counters is not None:
         rows_acc = counters["rows"] = spark.sparkContext.accumulator(0)
         null_acc = counters["null_rows"] = spark.sparkContext.accumulator(0)
-    schema = StructType(list(df.schema.fields) + [
-        StructField(columns[name], spark_type(name, sparse_format), True) for name in names])
-    return df.mapInPandas(_PartitionPredictor(ref, opts, text_col, pair_col, columns, rows_acc, null_acc), schema)
+    # The checks run in Spark SQL; the model reads checked copies of the text columns (null where a check failed),
+    # and the text columns themselves cross to Python as bytes, so text that is not UTF-8 is never decoded there
+    # (the Arrow -> pandas conversion would raise and fail the stage)
+    error = text_error(text_col, pair_col, max_text_chars)
+    as_bytes = {text_col} | ({pair_col} if pair_col else set())
+    checked = df.select(
+        *[F.col(_quoted(c)).cast("binary").alias(c) if c in as_bytes else F.col(_quoted(c)) for c in df.columns],
+        F.when(error.isNull(), F.col(_quoted(text_col))).alias(_HIDDEN_TEXT),
+        *([F.when(error.isNull(), F.col(_quoted(pair_col))).alias(_HIDDEN_PAIR)] if pair_col else []),
+        error.alias(error_col))
+    fields = [StructField(f.name, BinaryType(), f.nullable) if f.name in as_bytes else f for f in df.schema.fields]
+    schema = StructType(fields + [StructField(columns[name], spark_type(name, sparse_format), True) for name in names]
+                        + [StructField(error_col, StringType(), True)])
+    predicted = checked.mapInPandas(_PartitionPredictor(ref, opts, text_col, pair_col, columns, rows_acc, null_acc,
+                                                        input_cols=df.columns, error_col=error_col), schema)
+    return predicted.select(*[F.col(_quoted(c)).cast("string").alias(c) if c in as_bytes else F.col(_quoted(c))
+                              for c in predicted.columns])

@@ -35,9 +35,9 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         LABEL,
         RESULT,
         check_task_columns,
-        is_text,
         predict_rows,
         predict_udf,
+        predictable,
         resolve_outputs,
     )
 
@@ -79,7 +79,7 @@ def spark_check(artifact, texts: Sequence[str], master: str = "local[2]", batch_
         udf_seconds = time.perf_counter() - t2
     by_index = {int(r["idx"]): r["prediction"] for r in rows}
 
-    valid = [i for i in range(len(texts)) if is_text(texts[i]) and (pairs is None or is_text(pairs[i]))]
+    valid = [i for i in range(len(texts)) if predictable(texts[i]) and (pairs is None or predictable(pairs[i]))]
     predictor = Predictor(art, batch_size=batch_size, threads=threads)
     valid_texts = [texts[i] for i in valid]
     valid_pairs = [pairs[i] for i in valid] if pairs is not None else None

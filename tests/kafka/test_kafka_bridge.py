@@ -92,7 +92,7 @@ def test_kafka_end_to_end_values_match_runtime_and_sigterm_commits(kafka, tiny_o
     log_text = log_file.read_text()
     stats = read_final_stats(log_text)
     assert stats["consumed"] == n and stats["produced"] == n and stats["committed"] == n
-    assert stats["errors"] == 0 and stats["skipped"] == 0
+    assert stats["errors"] == 0 and stats["no_id"] == 0
     assert stats["texts"] == sum(len(t) for t in expected_texts.values())
     assert stats["lag"] >= 0
     # the group's committed offsets are one past the last request of every partition
@@ -106,7 +106,7 @@ def test_kafka_malformed_requests_get_errors_and_the_stream_keeps_flowing(kafka,
                                                                          read_final_stats):
     req_topic, resp_topic = kafka.topics(partitions=1)  # one partition: bad messages sit in front of good ones
     good, expected_texts = make_requests(300, seed=2)
-    skipped = [b"not json {", b"[1, 2]", json.dumps({"text": "no id"}).encode(), None, b"\xff\xfe\x00",
+    no_id = [b"not json {", b"[1, 2]", json.dumps({"text": "no id"}).encode(), None, b"\xff\xfe\x00",
                json.dumps({"id": None, "text": "null id"}).encode()]
     erroneous = {
         "e-none": ({"id": "e-none"}, "exactly one of 'text'"),
@@ -117,7 +117,7 @@ def test_kafka_malformed_requests_get_errors_and_the_stream_keeps_flowing(kafka,
     }
     bad_id = {"id": {"nested": 1}, "text": "x"}
     values: list[tuple[bytes | None, bytes | None]] = []
-    bad_values = [(None, v) for v in skipped] + [(f"k-{k}".encode(), json.dumps(body).encode())
+    bad_values = [(None, v) for v in no_id] + [(f"k-{k}".encode(), json.dumps(body).encode())
                                                  for k, (body, _) in erroneous.items()]
     bad_values.append((b"k-bad-id", json.dumps(bad_id).encode()))
     rng = random.Random(3)
@@ -130,14 +130,15 @@ def test_kafka_malformed_requests_get_errors_and_the_stream_keeps_flowing(kafka,
         values.append((f"k-{req['id']}".encode(), json.dumps(req).encode()))
     values.append((b"k-empty", json.dumps({"id": "empty", "texts": []}).encode()))
     kafka.produce(req_topic, values)
-    total_answers = len(good) + len(erroneous) + 2  # + the bad id + the empty list
+    total_answers = len(good) + len(erroneous) + len(no_id) + 2  # + the bad id + the empty list
 
     proc, log_file = kafka.start_bridge(tiny_onnx.path, req_topic, resp_topic, "--max-batch", "16", group="bad")
     messages = kafka.responses(resp_topic, until=lambda ms: len(ms) >= total_answers, timeout_s=60)
     assert len(messages) == total_answers, log_file.read_text()[-3000:]
 
     bodies = [json.loads(m.value()) for m in messages]
-    errors = {json.dumps(b["id"]): b for b in bodies if "error" in b}
+    errors = {json.dumps(b["id"]): b for b in bodies if "error" in b and b["id"] is not None}
+    assert sum(b["id"] is None and "error" in b for b in bodies) == len(no_id)  # answered with "id": null
     for key, (_, message) in erroneous.items():
         body = errors[json.dumps(key)]
         assert message in body["error"]
@@ -155,10 +156,10 @@ def test_kafka_malformed_requests_get_errors_and_the_stream_keeps_flowing(kafka,
     stats = read_final_stats(log_text)
     assert stats["consumed"] == len(values)
     assert stats["produced"] == total_answers
-    assert stats["skipped"] == len(skipped)
-    assert stats["errors"] == len(skipped) + len(erroneous) + 1
+    assert stats["no_id"] == len(no_id)
+    assert stats["errors"] == len(no_id) + len(erroneous) + 1
     assert stats["committed"] == len(values)
-    assert log_text.count("skipped request") == len(skipped)
+    assert log_text.count("error response (id null) to request") == len(no_id)
 
 
 def test_kafka_sigterm_mid_stream_finishes_the_batch_commits_and_exits_0(kafka, tiny_onnx, reference,

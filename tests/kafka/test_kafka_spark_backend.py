@@ -59,9 +59,10 @@ def test_kafka_spark_backend_answers_2000_requests_like_the_runtime_and_malforme
         "e-int": ({"id": "e-int", "text": 5}, "'text' must be a string, got int"),
         "e-many": ({"id": "e-many", "texts": ["w"] * 300}, "300 texts in one request exceed the limit of 256"),
         "e-blank": ({"id": "e-blank", "texts": ["fine", "  "]}, "empty or whitespace-only text has no prediction"),
+        "e-surrogate": ({"id": "e-surrogate", "texts": ["fine", "a\ud800b"]}, "'texts'[1]: a lone surrogate U+D800"),
     }
-    skipped = [b"not json {", json.dumps({"text": "no id"}).encode(), None]
-    bad_values = [(None, v) for v in skipped] + [(f"k-{k}".encode(), json.dumps(body).encode())
+    no_id = [b"not json {", json.dumps({"text": "no id"}).encode(), None, b"[" * 100_000 + b"]" * 100_000]
+    bad_values = [(None, v) for v in no_id] + [(f"k-{k}".encode(), json.dumps(body).encode())
                                                  for k, (body, _) in erroneous.items()]
     values = [(f"k-{r['id']}".encode(), json.dumps(r).encode()) for r in good]
     rng = random.Random(12)
@@ -69,7 +70,7 @@ def test_kafka_spark_backend_answers_2000_requests_like_the_runtime_and_malforme
         values.insert(rng.randrange(len(values)), bad)
     values.append((b"k-empty", json.dumps({"id": "empty", "texts": []}).encode()))
     positions = kafka.produce(req_topic, values)
-    total_answers = n + len(erroneous) + 1
+    total_answers = n + len(erroneous) + len(no_id) + 1
     load_log = tmp_path / "loads.tsv"
 
     proc, log_file = kafka.start_bridge(tiny_onnx.path, req_topic, resp_topic, *SPARK, "--max-batch", "100",
@@ -80,7 +81,8 @@ def test_kafka_spark_backend_answers_2000_requests_like_the_runtime_and_malforme
 
     bodies = [json.loads(m.value()) for m in messages]
     errors = {b["id"]: b for b in bodies if "error" in b}
-    assert set(errors) == set(erroneous)
+    assert set(errors) == set(erroneous) | {None}
+    assert sum(b["id"] is None for b in bodies) == len(no_id)  # answered with "id": null
     for key, (_, message) in erroneous.items():
         assert message in errors[key]["error"]
         assert errors[key]["artifact"] == tiny_onnx.digest
@@ -97,7 +99,8 @@ def test_kafka_spark_backend_answers_2000_requests_like_the_runtime_and_malforme
     stats = read_final_stats(log_text)
     assert stats["consumed"] == stats["committed"] == len(values)
     assert stats["produced"] == total_answers
-    assert stats["skipped"] == len(skipped)
+    assert stats["no_id"] == len(no_id)
+    assert stats["errors"] == len(no_id) + len(erroneous)
     assert stats["texts"] == sum(len(t) for t in expected_texts.values())  # the blank request never ran
     assert stats["batches"] >= n // 100
     # one Spark session for the whole stream, and the model loaded once per Python worker (local[2]: at most 2),

@@ -34,9 +34,9 @@ def test_parquet_in_parquet_out_keeps_columns_and_nulls(spark, tiny_onnx, tmp_pa
                                "--batch-size", "4")
     assert code == 0, stderr
     assert re.search(r"[\d.]+ rows/s \(26 rows in [\d.]+ s on local\[2\]", stdout), stdout
-    assert "2 null/empty texts -> null" in stdout
+    assert "2 without a prediction: see column 'error'" in stdout
     got = _read(out)
-    assert list(got) == ["id", "text", "score", "sentence_embedding"]
+    assert list(got) == ["id", "text", "score", "sentence_embedding", "error"]
     by_id = {i: (t, s, e) for i, t, s, e in zip(got["id"], got["text"], got["score"], got["sentence_embedding"])}
     assert sorted(by_id) == list(range(len(texts)))
     expected = Predictor(tiny_onnx).encode(TEXTS * 3)
@@ -57,7 +57,7 @@ def test_csv_with_text_col_partitions_and_classifier(spark, tiny_classifier, tmp
     assert code == 0, stderr
     assert "4 rows" in stdout and "3 partitions" in stdout
     got = _read(out)
-    assert list(got) == ["id", "body", "stars", "p_logits", "p_label", "p_confidence"]
+    assert list(got) == ["id", "body", "stars", "p_logits", "p_label", "p_confidence", "p_error"]
     rows = {r: (b, lg, lb) for r, b, lg, lb in zip(got["id"], got["body"], got["p_logits"], got["p_label"])}
     assert rows["4"][0] == "good\nmodel" and rows["1"][0] == "the cat, the dog"
     assert rows["3"][1] is None and rows["3"][2] is None

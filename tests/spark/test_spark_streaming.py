@@ -40,14 +40,24 @@ MALFORMED = {  # request -> the bridge's error message (an id: answered with an 
     "e-both": ({"id": "e-both", "text": "x", "texts": ["y"]}, "exactly one of 'text'"),
     "e-many": ({"id": "e-many", "texts": ["w"] * 5}, "5 texts in one request exceed the limit of 4"),
     "e-blank": ({"id": "e-blank", "text": " \t"}, "empty or whitespace-only text has no prediction"),
+    "e-surrogate": ({"id": "e-surrogate", "texts": ["fine", "a\ud800b"]}, "'texts'[1]: a lone surrogate U+D800"),
+    "e-long": ({"id": "e-long", "text": "x" * 41}, "41 characters, over the limit of 40"),
 }
-UNANSWERABLE = [(None, b"not json {"), (None, None), (b"k", json.dumps({"text": "no id"}).encode())]
+# no usable id: answered with "id": null (key, value, error)
+NO_ID = [(None, b"not json {", "not JSON"), (None, None, "empty message"),
+         (b"k", json.dumps({"text": "no id"}).encode(), "request has no 'id'"),
+         (b"k-deep", b"[" * 100_000 + b"]" * 100_000, "nests more than 32 arrays/objects deep")]
+UNANSWERABLE = [(key, value) for key, value, _ in NO_ID]
 
 
 def by_id(rows) -> dict:
-    out = {}
+    """Responses by id (each answered once); those with "id": null under None, as a list of (key, body)."""
+    out = {None: []}
     for row in rows:
         body = json.loads(row["value"])
+        if body["id"] is None:
+            out[None].append((row["key"], body))
+            continue
         assert body["id"] not in out, f"answered twice: {body}"
         out[body["id"]] = (row["key"], body)
     return out
@@ -64,12 +74,17 @@ def test_kafka_responses_on_a_kafka_shaped_dataframe_match_the_runtime_and_the_b
     values = GOOD[:2] + UNANSWERABLE[:1] + [(f"k-{k}".encode(), json.dumps(b).encode()) for k, (b, _) in
                                           MALFORMED.items()] + GOOD[2:] + UNANSWERABLE[1:]
     df = spark.createDataFrame(kafka_rows(values), KAFKA_SOURCE_SCHEMA).repartition(2)
-    answered = by_id(kafka_responses(df, art.path, max_texts_per_request=4, batch_size=2).collect())
+    answered = by_id(kafka_responses(df, art.path, max_texts_per_request=4, max_text_chars=40,
+                                     batch_size=2).collect())
     # parsing, predicting and formatting run as separate stages: local[2] never holds more than two Python workers,
     # so the model is loaded at most twice
     assert 1 <= len(read_load_log(tmp_path / "loads.tsv")) <= 2
 
-    assert set(answered) == {1, "multi", 3, "empty"} | set(MALFORMED)  # the three without an id are dropped
+    assert set(answered) == {1, "multi", 3, "empty", None} | set(MALFORMED)
+    no_id = sorted(((key or b"", body["error"]) for key, body in answered[None]), key=lambda kb: kb[1])
+    assert len(no_id) == len(NO_ID)
+    for key, _, message in NO_ID:  # each answered once, keyed by its key, with its own error
+        assert [k for k, error in no_id if message in error] == [key or b""]
     predictor = Predictor(tiny_onnx.path, threads=1)
     key, one = answered[1]
     assert key == b"k-1" and one["artifact"] == art.digest and set(one) == {"id", "embedding", "artifact"}
@@ -153,7 +168,8 @@ def test_response_stream_is_checkpointed_and_answers_each_request_once(spark, ti
 
     rows = spark.read.parquet(str(answers)).collect()
     answered = by_id(rows)  # each request exactly once over both runs
-    assert set(answered) == set(range(35))
+    assert set(answered) == set(range(35)) | {None}
+    assert [body["error"][:8] for _, body in answered[None]] == ["not JSON"]  # the garbage, answered once
     epochs = {json.loads(r["value"])["id"]: r["epoch"] for r in rows}
     assert max(epochs[i] for i in range(20)) < min(epochs[i] for i in range(20, 35))
     texts = [json.loads(v)["text"] for _, v in first + second[:-1]]

@@ -45,7 +45,7 @@ def test_classifier_label_and_confidence_columns(spark, task_artifact, family):
     _, art = task_artifact("classification", family)
     want = Predictor(art).predict(TASK_TEXTS)
     out = predict_dataframe(_frame(spark, TEXTS), art, batch_size=4)
-    assert out.columns == ["idx", "text", "logits", "label", "confidence"]
+    assert out.columns == ["idx", "text", "logits", "label", "confidence", "error"]
     assert dict(out.dtypes)["confidence"] == "double" and dict(out.dtypes)["label"] == "string"
     rows = _rows(out)
     for i, w in enumerate(want):

@@ -59,7 +59,7 @@ def test_classifier_logits_and_label(spark, tiny_classifier):
     assert labels[len(TEXTS)] is None
     # mapInPandas: every input column kept, logits, label and confidence appended
     out = predict_dataframe(df.withColumn("extra", df.idx * 10), tiny_classifier)
-    assert out.columns == ["idx", "text", "extra", "logits", "label", "confidence"]
+    assert out.columns == ["idx", "text", "extra", "logits", "label", "confidence", "error"]
     rows = {r["idx"]: r for r in out.collect()}
     for i in range(len(TEXTS)):
         assert rows[i]["extra"] == i * 10 and rows[i]["text"] == TEXTS[i]
