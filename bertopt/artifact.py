@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
+from bertopt.jsondepth import json_depth
 from bertopt.records import write_json
 
 FORMAT_VERSION = 1
@@ -84,18 +85,6 @@ def open_regular_file(path: Path):
     return os.fdopen(fd, "rb")
 
 
-def _nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether JSON ``value`` nests lists/objects deeper than ``limit`` (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
-
-
 def read_json_file(path: Path, *, max_bytes: int, max_depth: int, fix: str, error: type[Exception] = UserError) -> Any:
     """A JSON file read with limits: a regular file (see ``open_regular_file``) of at most ``max_bytes``, nested
     at most ``max_depth`` deep; anything else is one ``error`` line naming the file and ending with ``fix``."""
@@ -110,14 +99,12 @@ def read_json_file(path: Path, *, max_bytes: int, max_depth: int, fix: str, erro
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise error(f"{path} is larger than {max_bytes >> 20} MiB, too large to be what it should be; {fix}")
+    if json_depth(data, max_depth) > max_depth:  # before parsing: json.loads recurses once per level
+        raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}")
     try:
         value = json.loads(data)
-    except RecursionError:
-        raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
         raise error(f"{path} is not valid JSON ({str(exc).splitlines()[0]:.200}); {fix}") from None
-    if isinstance(value, (dict, list)) and _nesting_exceeds(value, max_depth):
-        raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}")
     return value
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from bertopt.jsondepth import json_depth
 
 _NO_ID = object()
 
@@ -31,11 +32,6 @@ class MessageError(ValueError):
     """A message that cannot be decoded: too large, nested too deep, not UTF-8, or not JSON."""
 
 
-# A JSON string (skipped: brackets inside strings do not nest) or one bracket. The unrolled form
-# ("[^"\\]*(?:\\.[^"\\]*)*") never backtracks, so one pass over the bytes is linear in their length.
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
-
-
 def _no_constant(name: str):
     raise MessageError(f"{name} is not a JSON value; send finite numbers")
 
@@ -50,16 +46,9 @@ def decode_bounded(raw: bytes, max_bytes: int = MAX_REQUEST_BYTES, max_depth: in
     if len(raw) > max_bytes:
         raise MessageError(f"the message has {len(raw)} bytes, over the limit of {max_bytes}; send a smaller "
                            "request")
-    depth = 0
-    for token in _JSON_TOKEN.finditer(raw):
-        char = token.group()[:1]
-        if char in (b"[", b"{"):
-            depth += 1
-            if depth > max_depth:
-                raise MessageError(f"the message nests more than {max_depth} arrays/objects deep; send a flat "
-                                   "request object")
-        elif char in (b"]", b"}"):
-            depth -= 1
+    if json_depth(raw, max_depth) > max_depth:
+        raise MessageError(f"the message nests more than {max_depth} arrays/objects deep; send a flat "
+                           "request object")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,0 +1,38 @@
+"""JSON nesting depth, measured before parsing.
+
+``json.loads`` recurses once per nested array/object, so untrusted JSON (a ZeroMQ or HTTP request, a Kafka
+message, an artifact's manifest) nested 100,000 deep ends in RecursionError. Every reader of untrusted JSON asks
+``json_depth`` first and refuses, in its own words, what nests deeper than it allows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+_SCAN_CHUNK = 1 << 22
+
+
+def json_depth(data: bytes, stop_above: int | None = None) -> int:
+    """How deep JSON arrays and objects nest in ``data`` (brackets inside strings do not count), without
+    parsing it. Exact for valid JSON; for invalid JSON exact up to the first error, which is where json.loads
+    stops too. Linear, in C/numpy passes over ``data`` (tens of ms per MB); stops once past ``stop_above``."""
+    # after these two replacements no escaped quote is left, so every '"' opens or closes a string
+    # (an escaped backslash first: in '\\"' the quote is not escaped)
+    structure = data.replace(b"\\\\", b"__").replace(b'\\"', b"__").translate(None, _NOT_STRUCTURE)
+    codes = np.frombuffer(structure, dtype=np.uint8)
+    depth = deepest = 0
+    in_string = 0
+    for start in range(0, len(codes), _SCAN_CHUNK):
+        chunk = codes[start:start + _SCAN_CHUNK]
+        quote = (chunk == ord('"')).view(np.uint8)
+        parity = np.bitwise_xor.accumulate(quote) ^ in_string  # 1 inside a string (and on its opening quote)
+        in_string = int(parity[-1])
+        outside = (parity == 0) & (quote == 0)
+        step = ((chunk == ord("[")) | (chunk == ord("{"))).astype(np.int8) - ((chunk == ord("]")) | (chunk == ord("}")))
+        levels = np.cumsum(np.where(outside, step, 0), dtype=np.int64) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+        if stop_above is not None and deepest > stop_above:
+            break
+    return deepest
