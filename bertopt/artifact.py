@@ -34,8 +34,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
-from bertopt.jsondepth import json_depth
 from bertopt.records import write_json
+from bertopt.untrusted import json_depth
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bertopt.json"

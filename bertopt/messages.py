@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bertopt.jsondepth import json_depth
+from bertopt.untrusted import json_depth, lone_surrogate
 
 _NO_ID = object()
 
@@ -67,11 +67,10 @@ def text_problem(text: str, max_chars: int = MAX_TEXT_CHARS) -> str | None:
     surrogate such as "\\ud800", which JSON escapes can carry and no tokenizer accepts)."""
     if len(text) > max_chars:
         return f"{len(text)} characters, over the limit of {max_chars}; shorten or split the text"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start} is not a Unicode "
-                "character; send valid UTF-16 pairs or UTF-8")
+    at = lone_surrogate(text)
+    if at is not None:
+        return (f"a lone surrogate U+{ord(text[at]):04X} at character {at} is not a Unicode character; send valid "
+                "UTF-16 pairs or UTF-8")
     return None
 
 

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertopt.jsondepth import json_depth
+from bertopt.untrusted import json_depth
 
 WIRE_VERSION = "1.10.0"  # bert-serving-client checks server_version == its own version
 SHOW_CONFIG = b"SHOW_CONFIG"

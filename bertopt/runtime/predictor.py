@@ -14,7 +14,6 @@ output (attention masks it), so bucketing changes speed, not values.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,15 +23,13 @@ import numpy as np
 from bertopt.artifact import Artifact, primary_output
 from bertopt.errors import UserError
 from bertopt.runtime.backends import describe, open_session
+from bertopt.untrusted import lone_surrogate
 
 DEFAULT_BATCH_SIZE = 32
 # a batch ends before a text longer than BUCKET_GROWTH x (its first text) + BUCKET_SLACK_TOKENS; the slack
 # keeps short texts (3-10 tokens) in full batches, where per-batch overhead matters more than padding
 BUCKET_GROWTH = 1.25
 BUCKET_SLACK_TOKENS = 8
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: str = "text {}") -> None:
@@ -48,10 +45,10 @@ def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: 
             if not isinstance(text, str):
                 raise UserError(f"{name.format(i)}{which} is a {type(text).__name__}, not a string; "
                                 "send strings")
-            bad = _SURROGATE.search(text)
-            if bad is not None:
-                raise UserError(f"{name.format(i)}{which} holds a lone surrogate (U+{ord(bad.group()):04X}) at "
-                                f"character {bad.start()}, which is not a Unicode character; send valid UTF-8 "
+            at = lone_surrogate(text)
+            if at is not None:
+                raise UserError(f"{name.format(i)}{which} holds a lone surrogate (U+{ord(text[at]):04X}) at "
+                                f"character {at}, which is not a Unicode character; send valid UTF-8 "
                                 "text")
 
 

@@ -1,13 +1,19 @@
-"""JSON nesting depth, measured before parsing.
+"""Checks of untrusted input shared by every front end and the artifact loader; each caller refuses in its own
+words (its limit, its fix).
 
-``json.loads`` recurses once per nested array/object, so untrusted JSON (a ZeroMQ or HTTP request, a Kafka
-message, an artifact's manifest) nested 100,000 deep ends in RecursionError. Every reader of untrusted JSON asks
-``json_depth`` first and refuses, in its own words, what nests deeper than it allows.
+* ``json_depth``: ``json.loads`` recurses once per nested array/object, so JSON nested 100,000 deep (a ZeroMQ or
+  HTTP request, a Kafka message, an artifact's manifest) ends in RecursionError; its depth is measured first.
+* ``lone_surrogate``: a JSON ``\\ud800`` escape decodes to a lone surrogate, which is not a Unicode character and
+  which no tokenizer encodes; it is found before tokenising.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 _SCAN_CHUNK = 1 << 22
@@ -36,3 +42,9 @@ def json_depth(data: bytes, stop_above: int | None = None) -> int:
         if stop_above is not None and deepest > stop_above:
             break
     return deepest
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (not a Unicode scalar value), or None."""
+    bad = _SURROGATE.search(text)
+    return None if bad is None else bad.start()
