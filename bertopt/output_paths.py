@@ -185,8 +185,8 @@ def _acquire(lock: Path, shown, flag: str, fcntl) -> int:
         except BlockingIOError:
             os.close(fd)
             owner = _lock_owner(lock)
-            raise UserError(f"another bertopt is writing {shown}{owner} (lock {lock}); wait for it to finish or "
-                            f"choose another {flag}") from None
+            raise UserError(f"another bertopt{owner} is writing {shown}; wait for it to finish or choose another "
+                            f"{flag} (lock file {lock})") from None
         try:
             current = os.stat(lock).st_ino
         except FileNotFoundError:
