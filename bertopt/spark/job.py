@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bertopt.errors import UserError
+from bertopt.errors import BackendFailed, UserError
 from bertopt.output_paths import check_output, output_lock, sweep_stale, temp_sibling
 
 FORMATS = ("auto", "parquet", "csv", "text")
@@ -248,6 +248,11 @@ def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, mast
         try:
             with worker_errors():
                 predicted.write.mode("errorifexists").parquet(str(tmp))
+        except UserError:
+            raise
+        except Exception as exc:  # the job itself failed (an executor died, Spark gave up): exit 3, not a traceback
+            raise BackendFailed(f"the Spark job failed: {spark_error_summary(exc)}; see the Spark executor logs "
+                                f"(master {sc.master})") from None
         finally:
             stop.set()
             if poller is not None:

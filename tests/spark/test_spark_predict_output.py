@@ -5,6 +5,12 @@ input; the checks run before Spark does any work."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,3 +55,49 @@ def test_force_replaces_only_an_earlier_spark_predict_output(spark, tiny_onnx, f
     assert code == 2 and "is the input" in err
     assert [p.name for p in src.iterdir()] == ["part-0.parquet"]
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _pyspark_workers() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # the process ended while we looked
+            if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp_path):
+    """A backend failure (the Python workers killed mid-job) is exit 3 with one line of ours, never 0, 1 or a
+    traceback; the temporary output is removed."""
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [f"sentence number {i} about cats and dogs" for i in range(20000)]}), src)
+    before = set(_pyspark_workers())  # other Spark sessions on this machine are not ours to kill
+    env = {**os.environ, "COLUMNS": "300",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "spark-predict", "-a", tiny_onnx.path, "-i", src,
+                             "-o", tmp_path / "out", "--master", "local[1]", "--batch-size", "8"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        ours: list[int] = []
+        while not ours and proc.poll() is None and time.monotonic() < deadline:
+            ours = [pid for pid in _pyspark_workers() if pid not in before]
+            time.sleep(0.05)
+        assert ours, "no Python worker started"
+        time.sleep(1.0)  # inside the job
+        for pid in ours:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("error: the Spark job failed: ") and "see the Spark executor logs" in last, last
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]  # no output, no .out.tmp-*, no lock
