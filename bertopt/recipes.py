@@ -9,7 +9,11 @@
     validate:
       targets: cos_min=0.95
 
-Every key is checked: an unknown key or a bad value is an error naming the key and where it is.
+Every key is checked: an unknown key or a bad value is an error naming the key and where it is. ``name`` is a
+plain name (it names the folder ``OUT/<name>``); ``out`` is the default for ``--out`` (relative to the current
+folder). The file is read with limits (1 MiB, 64 levels, 100,000 values once YAML aliases are expanded), so a
+"billion laughs" file is one line, not a MemoryError. Before the first stage runs, every folder the recipe will
+write is checked (``check_recipe_outputs``): absent or bertopt's own output of that kind, and not the model.
 """
 
 from __future__ import annotations
