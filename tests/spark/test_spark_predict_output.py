@@ -74,28 +74,28 @@ def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp
     """A backend failure (the Python workers killed mid-job) is exit 3 with one line of ours, never 0, 1 or a
     traceback; the temporary output is removed."""
     src = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"text": [f"sentence number {i} about cats and dogs" for i in range(20000)]}), src)
+    pq.write_table(pa.table({"text": [f"sentence number {i} about cats and dogs" for i in range(100_000)]}), src)
     before = set(_pyspark_workers())  # other Spark sessions on this machine are not ours to kill
     env = {**os.environ, "COLUMNS": "300",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "spark-predict", "-a", tiny_onnx.path, "-i", src,
                              "-o", tmp_path / "out", "--master", "local[1]", "--batch-size", "8"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: set[int] = set()
     try:
         deadline = time.monotonic() + 300
-        ours: list[int] = []
-        while not ours and proc.poll() is None and time.monotonic() < deadline:
-            ours = [pid for pid in _pyspark_workers() if pid not in before]
-            time.sleep(0.05)
-        assert ours, "no Python worker started"
-        time.sleep(1.0)  # inside the job
-        for pid in ours:
-            os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        while proc.poll() is None and time.monotonic() < deadline:  # every worker that starts dies
+            for pid in _pyspark_workers():
+                if pid not in before and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    assert killed, "no Python worker started"
     assert proc.returncode == 3, err[-3000:]
     last = [line for line in err.splitlines() if line.strip()][-1]
     assert last.startswith("error: the Spark job failed: ") and "see the Spark executor logs" in last, last
