@@ -29,7 +29,6 @@ import shutil
 import stat
 import sys
 import time
-import uuid
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -670,24 +669,26 @@ class ArtifactWriter:
         self.dir: Path = Path()
 
     def __enter__(self) -> "ArtifactWriter":
-        if self.parent is not None and self.out_dir == self.parent.path.absolute():
-            raise UserError(
-                f"output folder {self.out_dir} is the input artifact; stages never modify their input, "
-                "choose another --out"
-            )
-        if self.out_dir.exists() and not self.overwrite:
-            what = "an artifact" if is_artifact(self.out_dir) else "a folder"
-            raise UserError(
-                f"output folder {self.out_dir} already exists ({what}); choose another --out "
-                "or pass --force to replace it"
-            )
-        if self.out_dir.exists() and not is_artifact(self.out_dir) and any(self.out_dir.iterdir()):
-            raise UserError(
-                f"output folder {self.out_dir} exists and is not a bertopt artifact; refusing to replace it"
-            )
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = self.out_dir.parent / f".{self.out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-        self.dir.mkdir()
+        from bertopt.output_paths import check_links_inside, check_output, output_lock, sweep_stale, temp_sibling
+
+        if self.parent is not None:
+            inputs = [self.parent.path]
+        else:  # the source model a first stage reads (a built-in model lives in bertopt's cache)
+            builtin = str(self.source.get("spec") or "").startswith("builtin:")
+            inputs = [self.source.get("path") if not builtin else None]
+        self.out_dir = check_output(self.out_dir, kind="artifact", inputs=inputs, replace=self.overwrite)
+        if self.parent is not None:  # whatever a stage copies from its input must be the input's own files
+            check_links_inside(self.parent.path, "input artifact")
+        self._lock = output_lock(self.out_dir)
+        self._lock.__enter__()
+        try:
+            sweep_stale(self.out_dir)
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.dir = temp_sibling(self.out_dir)
+            self.dir.mkdir()
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
         self._t0 = time.perf_counter()
         return self
 
@@ -723,15 +724,18 @@ class ArtifactWriter:
                                    "digest": "staging", "files": {}})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            return False
         try:
-            self._finish()
-        except BaseException:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise
-        return False
+            if exc_type is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                return False
+            try:
+                self._finish()
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+            return False
+        finally:
+            self._lock.__exit__(None, None, None)
 
     def _finish(self) -> None:
         if self._model is None:
@@ -775,10 +779,15 @@ class ArtifactWriter:
             **self.extra,
         }
         write_json(self.dir / MANIFEST_NAME, manifest)
-        # Rename into place; an existing artifact (overwrite) is moved aside first, then removed.
+        # Rename into place; an existing artifact (overwrite) is moved aside first, then removed. Checked again
+        # under the lock: something may have appeared there while the stage ran (not another bertopt: it would
+        # have needed the lock).
+        from bertopt.output_paths import check_output, temp_sibling
+
         old = None
         if self.out_dir.exists():
-            old = self.out_dir.parent / f".{self.out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            check_output(self.out_dir, kind="artifact", replace=self.overwrite)
+            old = temp_sibling(self.out_dir, "old")
             os.rename(self.out_dir, old)
         os.rename(self.dir, self.out_dir)
         if old is not None:

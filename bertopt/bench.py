@@ -365,6 +365,10 @@ def register(app: typer.Typer) -> None:
                             padded_texts=texts, mixed_texts=mixed, latency_calls=latency_calls, rounds=rounds,
                             corpus_texts=corpus_texts)
         settings.check()
+        if json_out is not None:  # before the measurement: never a finished bench lost to an unwritable path
+            from bertopt.output_paths import check_output
+
+            check_output(json_out, kind="json", inputs=artifacts, flag="--json")
         names = [p.name for p in artifacts]
         if len(set(names)) != len(names):
             names = [str(p) for p in artifacts]

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from bertopt.errors import GateFailed, UserError
+from bertopt.errors import BackendFailed, GateFailed, Terminated, UserError
 from bertopt.params import typer_parameters
 from bertopt.reporting import console, err_console
 
@@ -41,14 +41,12 @@ def _stage_command(name: str):
         if name in ("export", "freeze") else "ARTIFACT folder"
 
     def command(**kwargs: Any) -> None:
-        from bertopt.errors import check_writable
         from bertopt.params import resolve_config
         from bertopt.registry import preflight_stage, run_stage
 
         given = {k: v for k, v in kwargs.items() if k not in ("input", "out", "force") and v is not None}
-        # every option and the output folder are checked before the stage does any work
+        # every option is checked before the stage does any work; run_stage checks the output path
         preflight_stage(stage, resolve_config(stage.PARAMS, given, name), name)
-        check_writable(kwargs["out"], "--out")
         with console.status(f"[bold]{name}[/] {kwargs['input']} ..."):
             art = run_stage(name, kwargs["input"], given, kwargs["out"], overwrite=kwargs["force"])
         _print_stage_result(art)
@@ -110,8 +108,9 @@ def run_command(
                                            "(default: minilm-faithful-cpu)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
                                         "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
-    out: Path = typer.Option(Path("artifacts"), "--out", "-o", help="Folder for the artifacts; each stage writes "
-                             "OUT/<recipe>/<NN>-<stage>."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the artifacts; each stage writes "
+                                       "OUT/<recipe>/<NN>-<stage> (default: the recipe's out:, else artifacts).",
+                                       show_default=False),
     compare: bool = typer.Option(True, "--compare/--no-compare", help="Compare the final artifact with the original "
                                  "model on the built-in corpus."),
 ) -> None:
@@ -180,27 +179,83 @@ for _module in _COMMAND_MODULES:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: turns UserError into one line + exit 2 and GateFailed into exit 1."""
+    """Entry point: the exit-code contract of ``bertopt.errors`` (0 success, 1 gate failed, 2 usage error,
+    3 backend failed, 130 interrupted, 143 terminated), each failure as one line on stderr."""
     _quiet_third_party_output()
+    previous = _raise_on_sigterm()
+    try:
+        code = _run(argv)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     abort, exit_, click_error = _click_exception_types()
     command = typer.main.get_command(app)
+
+    def say(prefix: str, exc: BaseException | str) -> None:
+        err_console.print(f"[bold red]{prefix}[/] {escape(str(exc))}" if prefix else escape(str(exc)),
+                          highlight=False, soft_wrap=True)
+
     try:
-        command.main(args=argv, prog_name="bertopt", standalone_mode=False)
+        # non-standalone mode: Typer returns the exit code of typer.Exit, and turns Ctrl-C into Exit(130)
+        returned = command.main(args=argv, prog_name="bertopt", standalone_mode=False)
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        say("error:", exc)
+        return exc.exit_code
     except GateFailed as exc:
-        err_console.print(f"[bold red]gate failed:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(GateFailed.exit_code)
+        say("gate failed:", exc)
+        return GateFailed.exit_code
+    except BackendFailed as exc:
+        say("error:", exc)
+        return BackendFailed.exit_code
+    except KeyboardInterrupt:  # raised outside Typer's own handler (while it parses, say)
+        say("", "interrupted")
+        return 130
+    except Terminated:
+        say("", "terminated")
+        return Terminated.exit_code
     except abort:
-        err_console.print("aborted")
-        sys.exit(130)
+        say("", "aborted")
+        return 130
     except exit_ as exc:
-        sys.exit(exc.exit_code)
+        return _exit_code(exc.exit_code)
     except click_error as exc:  # usage errors: bad option, missing argument, a number out of range
-        err_console.print(f"[bold red]error:[/] {_usage_line(exc)}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    sys.exit(0)
+        if exc.format_message().strip():  # bare 'bertopt' printed its help already
+            say("error:", _usage_line(exc))
+        return 2
+    code = _exit_code(returned)
+    if code == 130:
+        say("", "interrupted")
+    return code
+
+
+def _exit_code(returned: Any) -> int:
+    """What Typer hands back in non-standalone mode: an int from typer.Exit (or Ctrl-C), else a command's
+    return value (None: success)."""
+    if isinstance(returned, int) and not isinstance(returned, bool):
+        return returned
+    return 0
+
+
+def _raise_on_sigterm():
+    """SIGTERM raises Terminated, so every ``with``/``finally`` on the way out runs (temporary output is removed)
+    instead of the process vanishing mid-write. Commands that stop gracefully on SIGTERM (serve, kafka) install
+    their own handler over this one. Returns the previous handler (None: not installed, not the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _usage_line(exc) -> str:

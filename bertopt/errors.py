@@ -1,7 +1,14 @@
-"""One way to fail.
+"""One way to fail: the exit-code contract of every ``bertopt`` command.
 
-* ``UserError``: bad input or usage. The CLI prints one line and exits 2.
-* ``GateFailed``: a release-gate threshold was missed. The CLI exits 1.
+* 0: success.
+* ``GateFailed``: a release-gate threshold was missed. The CLI prints one line and exits 1.
+* ``UserError``: bad input or usage (a click usage error too). The CLI prints one line and exits 2; nothing is
+  half-written.
+* ``BackendFailed``: a long-running command's backend (a model server, a Spark job, a broker) failed after the
+  command started, through no fault of the input. The CLI prints one line and exits 3.
+* Interrupted: SIGINT (Ctrl-C) exits 130 with the line "interrupted"; SIGTERM raises ``Terminated`` (the CLI
+  installs the handler) and exits 143 with the line "terminated". Either way temporary output is removed on the
+  way out. A command that handles its own signals (serve, kafka: stop gracefully) exits 0 after a clean stop.
 * Anything else is a bug and keeps its traceback.
 """
 
@@ -35,6 +42,22 @@ class GateFailed(Exception):
     """A validation threshold was not met."""
 
     exit_code = 1
+
+
+class BackendFailed(Exception):
+    """A long-running command's backend failed after the command started (a serve cluster that stops answering,
+    a Spark job or a broker that fails): not a usage error (2) and not a failed gate (1). Raise it with one line
+    naming what failed and what to look at; the CLI prints it and exits 3, so a supervisor or CI sees the
+    failure instead of a clean exit."""
+
+    exit_code = 3
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (the CLI's handler raises it): a BaseException, like KeyboardInterrupt, so that ``except
+    Exception`` does not swallow it and every ``with``/``finally`` on the way out removes its temporary output."""
+
+    exit_code = 143
 
 
 def require(module: str, extra: str, what: str = ""):
@@ -76,9 +99,3 @@ def check_writable(path, flag: str = "--out") -> None:
                         "write to") from None
     os.close(fd)
     os.unlink(name)
-
-
-class BackendFailed(Exception):
-    """A long-running command's backend failed."""
-
-    exit_code = 3

@@ -90,6 +90,8 @@ class Param:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if value != value:  # NaN passes every comparison
                 raise UserError(f"{where}: '{self.name}' must be a number, got nan")
+            if value in (float("inf"), float("-inf")):  # inf passes every upper bound: a check switched off
+                raise UserError(f"{where}: '{self.name}' must be a finite number, got {value}")
             low, high = self.min, self.max
             if (low is not None and value < low) or (high is not None and value > high):
                 span = (f"between {low:g} and {high:g}" if low is not None and high is not None

@@ -9,12 +9,17 @@
     validate:
       targets: cos_min=0.95
 
-Every key is checked: an unknown key or a bad value is an error naming the key and where it is.
+Every key is checked: an unknown key or a bad value is an error naming the key and where it is. ``name`` is a
+plain name (it names the folder ``OUT/<name>``); ``out`` is the default for ``--out`` (relative to the current
+folder). The file is read with limits (1 MiB, 64 levels, 100,000 values once YAML aliases are expanded), so a
+"billion laughs" file is one line, not a MemoryError. Before the first stage runs, every folder the recipe will
+write is checked (``check_recipe_outputs``): absent or bertopt's own output of that kind, and not the model.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -63,17 +68,100 @@ def find_recipe(name_or_path: str | os.PathLike | None) -> Path:
                                                     " (give the path of a .yaml recipe)"))
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    import yaml
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a few hundred bytes; anything near this is not one
+MAX_RECIPE_NODES = 100_000  # scalars, lists and mappings after expanding every YAML alias
+MAX_RECIPE_DEPTH = 64
 
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECIPE_BYTES + 1)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder; give the path of a .yaml recipe") from None
+    except OSError as exc:
+        raise UserError(f"cannot read recipe {path}: {exc.strerror}; check the path and its permissions") from None
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise UserError(f"{path} is larger than {MAX_RECIPE_BYTES >> 20} MiB, too large for a recipe; give a recipe "
+                        "file (a few lines of YAML)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a UTF-8 text file") from None
-    return parse_recipe(data, str(path), path)
+    return parse_recipe(load_yaml_bounded(text, str(path)), str(path), path)
+
+
+def load_yaml_bounded(text: str, where: str) -> Any:
+    """YAML with the safe loader, refusing before construction a document that expands (through aliases:
+    "billion laughs") to more than MAX_RECIPE_NODES nodes, nests deeper than MAX_RECIPE_DEPTH, or refers to
+    itself: each is one line, never a MemoryError or RecursionError."""
+    import yaml
+
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_expanded_size(node, where)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        raise UserError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"{where}: the YAML nests too deeply (more than {MAX_RECIPE_DEPTH} levels); a recipe is a "
+                        "few levels deep") from None
+
+
+def _check_expanded_size(root, where: str) -> None:
+    """The node count of the document with every alias expanded, computed on the composed graph (where an alias
+    is one shared node) without expanding it; iterative, so depth cannot overflow the stack."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        if depth > MAX_RECIPE_DEPTH:
+            raise UserError(f"{where}: the YAML nests more than {MAX_RECIPE_DEPTH} levels deep; a recipe is a few "
+                            "levels deep")
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[key] = 1
+            continue
+        if done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_RECIPE_NODES:
+                raise UserError(f"{where}: the YAML expands to more than {MAX_RECIPE_NODES} values (aliases "
+                                "repeating aliases); refusing it, write the recipe out plainly")
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise UserError(f"{where}: the YAML refers to itself (an alias inside its own anchor); write the recipe "
+                            "out plainly")
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def check_plain_name(name: str, where: str) -> str:
+    """A recipe name becomes a folder under --out: one plain path component (no '/', '..', absolute path)."""
+    if not _PLAIN_NAME.fullmatch(name) or ".." in name or len(name) > 128:
+        raise UserError(f"{where}: 'name' {name!r} must be a plain name (letters, digits, '_', '-', '.', '+'; no "
+                        "'/', '..' or absolute path), since it names the folder the recipe writes under --out")
+    return name
 
 
 def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
@@ -112,9 +200,14 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
 
             parse_targets(validate["targets"])
     model = data.get("model", "builtin:minilm")
-    name = str(data.get("name") or (path.stem if path else "recipe"))
-    return Recipe(name=name, model=str(model), stages=stages, validate=validate,
-                  description=str(data.get("description", "")), out=data.get("out"), path=path)
+    if not isinstance(model, str) or not model.strip():
+        raise UserError(f"{where}: 'model' must be a model path or builtin:NAME, got {model!r:.60}")
+    name = check_plain_name(str(data.get("name") or (path.stem if path else "recipe")), where)
+    out = data.get("out")
+    if out is not None and (not isinstance(out, str) or not out.strip()):
+        raise UserError(f"{where}: 'out' must be a folder path (the default for --out), got {out!r:.60}")
+    return Recipe(name=name, model=model, stages=stages, validate=validate,
+                  description=str(data.get("description", "")), out=out, path=path)
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -122,48 +215,81 @@ ProgressFn = Callable[[str, int, int], None]
 
 def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, out: str | os.PathLike | None = None,
                progress: ProgressFn | None = None, compare: bool = True, gate: bool = True) -> RecipeResult:
-    """Run every stage in order (each output folder ``<out>/<NN>-<stage>``), then compare the final artifact
-    with the original model on the built-in corpus, and run the recipe's ``validate:`` gate."""
+    """Run every stage in order (each output folder ``<out>/<name>/<NN>-<stage>``; ``out``: the argument, else
+    the recipe's ``out:``, else ``artifacts``), then compare the final artifact with the original model on the
+    built-in corpus, and run the recipe's ``validate:`` gate."""
+    from bertopt.output_paths import output_lock
     from bertopt.registry import get_stage, resolve_input
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(find_recipe(recipe))
     source_spec = model or recipe.model
-    base = Path(out or recipe.out or Path("artifacts")) / recipe.name
-    check_recipe(recipe, base)  # the whole recipe, before its first stage writes anything
+    base = recipe_base(recipe, out)
+    check_recipe(recipe, base, model=source_spec)  # the whole recipe, before its first stage writes anything
     result = RecipeResult(recipe)
-    current = resolve_input(source_spec)
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
-    for i, (name, config) in enumerate(recipe.stages):
-        if progress:
-            progress(f"{name}", i, total)
-        stage = get_stage(name)
-        current = stage.run(current, config, base / f"{i + 1:02d}-{name}", overwrite=True)
-        result.artifacts.append(current)
-    if compare:
-        if progress:
-            progress("compare with the original", len(recipe.stages), total)
-        from bertopt.validate.quick import compare_with_original
+    with output_lock(base):  # one recipe run writes under this folder at a time
+        check_recipe_outputs(recipe, base, source_spec)  # again, now that nobody else can write there
+        current = resolve_input(source_spec)
+        for i, (name, config) in enumerate(recipe.stages):
+            if progress:
+                progress(f"{name}", i, total)
+            stage = get_stage(name)
+            current = stage.run(current, config, stage_folder(base, i, name), overwrite=True)
+            result.artifacts.append(current)
+        if compare:
+            if progress:
+                progress("compare with the original", len(recipe.stages), total)
+            from bertopt.validate.quick import compare_with_original
 
-        result.comparison = compare_with_original(result.final)
-        result.final.record_validation("run", result.comparison)
-    if gate and recipe.validate:
-        if progress:
-            progress("validate (gate)", total - 1, total)
-        from bertopt.validate.gate import validate_artifact
+            result.comparison = compare_with_original(result.final)
+            result.final.record_validation("run", result.comparison)
+        if gate and recipe.validate:
+            if progress:
+                progress("validate (gate)", total - 1, total)
+            from bertopt.validate.gate import validate_artifact
 
-        result.validation = validate_artifact(result.final, recipe.validate,
-                                              report_dir=base / "validation", raise_on_fail=False)
+            result.validation = validate_artifact(result.final, recipe.validate,
+                                                  report_dir=base / "validation", raise_on_fail=False)
     if progress:
         progress("done", total, total)
     return result
 
 
-def check_recipe(recipe: Recipe, base: Path) -> None:
-    """Everything about a recipe that can be wrong before it runs: every file a stage or the gate reads exists,
-    each stage's own pre-flight checks pass, and the output folder can be written. A recipe that would fail in
-    its third stage fails here instead, leaving nothing behind."""
+def recipe_base(recipe: Recipe, out: str | os.PathLike | None = None) -> Path:
+    """The folder a recipe run writes under: ``OUT/<recipe name>`` (the name is a plain name: parse_recipe)."""
+    return Path(out or recipe.out or "artifacts") / check_plain_name(recipe.name, str(recipe.path or recipe.name))
+
+
+def stage_folder(base: Path, index: int, name: str) -> Path:
+    return base / f"{index + 1:02d}-{name}"
+
+
+def check_recipe_outputs(recipe: Recipe, base: Path, model: str) -> None:
+    """Every folder the recipe will write, checked before the first stage: each stage folder and the report
+    folder are absent, or bertopt's own output of that kind (replaced: a recipe re-runs in place); none is or
+    holds the model it reads. A later stage's folder holding user files fails here, not after the earlier
+    stages were written."""
     from bertopt.errors import check_writable
+    from bertopt.output_paths import check_not_input, check_output
+    from bertopt.registry import input_paths
+
+    where = str(recipe.path or recipe.name)
+    inputs = input_paths(model)
+    if base.exists() and not base.is_dir():
+        raise UserError(f"{where}: --out {base.parent}: {base} is a file, so the recipe's folder cannot be made "
+                        "there; choose another --out")
+    check_writable(check_not_input(base, inputs), "--out")
+    for i, (name, _) in enumerate(recipe.stages):
+        check_output(stage_folder(base, i, name), kind="artifact", inputs=inputs, replace=True)
+    if recipe.validate:
+        check_output(base / "validation", kind="report", inputs=inputs, replace=True, flag="--report-dir")
+
+
+def check_recipe(recipe: Recipe, base: Path, model: str | None = None) -> None:
+    """Everything about a recipe that can be wrong before it runs: every file a stage or the gate reads exists,
+    each stage's own pre-flight checks pass, and every output folder can be written. A recipe that would fail in
+    its third stage fails here instead, leaving nothing behind."""
     from bertopt.params import check_input_files
     from bertopt.registry import get_stage, preflight_stage
     from bertopt.validate.params import VALIDATE_PARAMS
@@ -178,5 +304,4 @@ def check_recipe(recipe: Recipe, base: Path) -> None:
         # reading the data now also catches a file with no real text or a missing column
         load_texts(recipe.validate["data"], recipe.validate["text_column"], recipe.validate["text_pair_column"],
                    recipe.validate["label_column"])
-    check_writable(base, "--out")
-
+    check_recipe_outputs(recipe, base, model or recipe.model)

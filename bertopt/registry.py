@@ -57,13 +57,29 @@ def preflight_stage(stage: ModuleType, config: dict[str, Any], where: str) -> No
         stage.preflight(config, where)
 
 
+def input_paths(value: Any) -> list:
+    """The local paths a stage input reads (an artifact's folder, a source model's file or folder), for the
+    output-path policy; a built-in model (in bertopt's cache) reads nothing of the user's."""
+    from bertopt.artifact import Artifact
+    from bertopt.sources import Source
+
+    if isinstance(value, Artifact):
+        return [value.path]
+    if isinstance(value, Source):
+        return [] if str(value.spec).startswith("builtin:") else [value.path]
+    text = str(value)
+    return [] if text.startswith("builtin:") or "://" in text else [text]
+
+
 def run_stage(name: str, input: Any, config: dict[str, Any] | None, out_dir: str | os.PathLike,
               overwrite: bool = False):
-    """Run one stage by name: resolve the input, check the config, write a new artifact."""
-    from bertopt.errors import check_writable
+    """Run one stage by name: resolve the input, check the config and the output path (``output_paths``), and
+    write a new artifact, holding the output's lock from the first check to the rename."""
+    from bertopt.output_paths import check_output, output_lock
 
     stage = get_stage(name)
     cfg = resolve_config(stage.PARAMS, config, where=f"stage '{name}'")
     preflight_stage(stage, cfg, f"stage '{name}'")
-    check_writable(out_dir, "--out")
-    return stage.run(resolve_input(input), cfg, Path(out_dir), overwrite=overwrite)
+    check_output(out_dir, kind="artifact", inputs=input_paths(input), replace=overwrite)
+    with output_lock(out_dir):
+        return stage.run(resolve_input(input), cfg, Path(out_dir), overwrite=overwrite)

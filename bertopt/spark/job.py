@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bertopt.errors import UserError, check_writable
+from bertopt.errors import BackendFailed, UserError
 from bertopt.messages import MAX_TEXT_CHARS
+from bertopt.output_paths import check_output, output_lock, sweep_stale, temp_sibling
 
 FORMATS = ("auto", "parquet", "csv", "text")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -158,6 +159,18 @@ def _progress_poller(sc, group: str, report: Callable[[int, int], None], stop: t
     return thread
 
 
+def write_marker(folder: Path, art, input: str) -> None:
+    """The file that marks a folder as a spark-predict output (so --force may replace it later); readers of the
+    Parquet folder (Spark, pyarrow, pandas) skip files starting with '_'."""
+    from bertopt.output_paths import OWN_MARKERS
+    from bertopt.records import write_json
+    from bertopt.version import __version__
+
+    write_json(folder / OWN_MARKERS["spark-output"], {"written_by": "bertopt spark-predict", "bertopt": __version__,
+                                                      "artifact": str(art.path), "digest": art.digest,
+                                                      "input": input})
+
+
 def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *, text_col: str = "text",
                   pair_col: str | None = None, master: str = "local[2]", partitions: int | None = None,
                   batch_size: int = 32, max_seq_len: int | None = None, fmt: str = "auto",
@@ -168,32 +181,44 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     """Run the artifact over a table and write Parquet with the input columns plus the predictions."""
     from bertopt.artifact import Artifact
     from bertopt.runtime.tasks import check_aggregation
-    from bertopt.spark.session import get_session, worker_errors
-    from bertopt.spark.udf import SPARSE_FORMATS, check_columns, check_task_columns, predict_dataframe, resolve_outputs
+    from bertopt.spark.udf import SPARSE_FORMATS, check_task_columns, resolve_outputs
 
     input, output = str(input), str(output)
     if partitions is not None and partitions < 1:
         raise UserError(f"--partitions must be at least 1, got {partitions}")
     if batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
-    out_path = Path(output)
     if _has_scheme(output):
         raise UserError(f"output {output}: spark-predict writes to a local or shared file system path; "
                         "use the Python API (predict_dataframe) to write elsewhere")
-    if out_path.exists() and not force:
-        raise UserError(f"output {output} already exists; choose another --output or pass --force to replace it")
+    # --force replaces only an earlier spark-predict output (it carries OWN_MARKERS["spark-output"]), never the
+    # input, the artifact or a folder of other files
+    out_path = check_output(output, kind="spark-output", inputs=[artifact, input], replace=force, flag="--output")
     fmt = detect_format(input, fmt)
     art = Artifact.load(artifact)
     warning = art.batch_dependence_warning()
     if warning:
         print(warning, file=sys.stderr, flush=True)
     check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
-    check_writable(out_path, "--output")
     resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
     check_task_columns(art, pair_col is not None)  # so do a missing passage column and an unwanted one
     check_aggregation(aggregation)
     if sparse_format not in SPARSE_FORMATS:
         raise UserError(f"unknown --sparse-format {sparse_format!r}; choose struct or vector")
+
+    with output_lock(out_path, "--output"):
+        return _predict_and_write(art, input, fmt, out_path, spark=spark, master=master, text_col=text_col,
+                                  pair_col=pair_col, partitions=partitions, batch_size=batch_size,
+                                  max_seq_len=max_seq_len, outputs=outputs, prefix=prefix, provider=provider,
+                                  threads=threads, ship=ship, progress=progress, aggregation=aggregation,
+                                  sparse_format=sparse_format, max_text_chars=max_text_chars, force=force)
+
+
+def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, master, text_col, pair_col, partitions,
+                       batch_size, max_seq_len, outputs, prefix, provider, threads, ship, progress, aggregation,
+                       sparse_format, max_text_chars, force) -> dict[str, Any]:
+    from bertopt.spark.session import get_session, worker_errors
+    from bertopt.spark.udf import check_columns, predict_dataframe, resolve_outputs
 
     t0 = time.perf_counter()
     if spark is None:
@@ -212,7 +237,8 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
                                   sparse_format=sparse_format, max_text_chars=max_text_chars)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.parent / f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    sweep_stale(out_path)
+    tmp = temp_sibling(out_path)
     sc = spark.sparkContext
     group = f"{JOB_GROUP}-{uuid.uuid4().hex[:8]}"  # this run's jobs only, for the progress bar
     sc.setJobGroup(group, f"bertopt spark-predict {input}")
@@ -220,20 +246,32 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     poller = _progress_poller(sc, group, progress, stop) if progress else None
     t1 = time.perf_counter()
     try:
-        with worker_errors():
-            predicted.write.mode("errorifexists").parquet(str(tmp))
+        try:
+            with worker_errors():
+                predicted.write.mode("errorifexists").parquet(str(tmp))
+        except UserError:
+            raise
+        except Exception as exc:  # the job itself failed (an executor died, Spark gave up): exit 3, not a traceback
+            raise BackendFailed(f"the Spark job failed: {spark_error_summary(exc)}; see the Spark executor logs "
+                                f"(master {sc.master})") from None
+        finally:
+            stop.set()
+            if poller is not None:
+                poller.join(timeout=5)
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        seconds = time.perf_counter() - t1
+        write_marker(tmp, art, input)
+        old = None
+        if out_path.exists():  # checked again under the lock: only our own earlier output is replaced
+            check_output(out_path, kind="spark-output", replace=force, flag="--output")
+            old = temp_sibling(out_path, "old")
+            out_path.rename(old)
+        tmp.rename(out_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        stop.set()
-        if poller is not None:
-            poller.join(timeout=5)
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    seconds = time.perf_counter() - t1
-    if out_path.exists():
-        shutil.rmtree(out_path) if out_path.is_dir() else out_path.unlink()
-    tmp.rename(out_path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     rows = int(counters["rows"].value)
     if progress:
         _, total = task_counts(sc, group)

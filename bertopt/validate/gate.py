@@ -142,13 +142,14 @@ def task_metrics(pred: np.ndarray, labels: np.ndarray, num_classes: int) -> dict
     return {"accuracy": accuracy, "f1": float(np.mean(f1s)) if f1s else 0.0}
 
 
-def _prepare_report_dir(report_dir: Path) -> None:
-    if report_dir.exists():
-        if not report_dir.is_dir():
-            raise UserError(f"report folder {report_dir} is a file; choose another --report-dir")
-        if any(report_dir.iterdir()) and not (report_dir / "validation.json").exists():
-            raise UserError(f"report folder {report_dir} exists and holds something other than a bertopt report; "
-                            "choose another --report-dir")
+def _prepare_report_dir(report_dir: Path, artifact, config: dict[str, Any]) -> Path:
+    """The output-path policy for the report folder: not the artifact, the data or the reference (nor inside or
+    around them); a previous bertopt report there is replaced, anything else is refused."""
+    from bertopt.output_paths import check_output
+
+    inputs = [artifact.path] + [config[k] for k in ("data", "reference")
+                                if config.get(k) and config[k] != "builtin" and Path(config[k]).exists()]
+    return check_output(report_dir, kind="report", inputs=inputs, replace=True, flag="--report-dir")
 
 
 # checks run by another part (Spark registers "spark": the UDF against the in-process runtime), so validate/
@@ -211,7 +212,6 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     """Resolve and check the config, the artifact, the report folder, the targets and the data: every usage
     problem is a UserError here, before anything is run or written."""
     from bertopt.artifact import Artifact
-    from bertopt.errors import check_writable
     from bertopt.params import resolve_config
     from bertopt.validate.data import load_texts
     from bertopt.validate.params import VALIDATE_PARAMS
@@ -220,9 +220,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     config = resolve_config(VALIDATE_PARAMS, config, "validate")
     if not isinstance(artifact, Artifact):
         artifact = Artifact.load(artifact)
-    report_dir = Path(report_dir).absolute()
-    _prepare_report_dir(report_dir)
-    check_writable(report_dir, "--report-dir")
+    report_dir = _prepare_report_dir(Path(report_dir), artifact, config)
     from bertopt.runtime.tasks import check_pairs, task_of, task_output
     from bertopt.validate.data import Dataset
     from bertopt.validate.task_metrics import rerank_pairs
@@ -364,8 +362,15 @@ def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise
                       console=None) -> dict[str, Any]:
     """Gate ``artifact`` against its reference with thresholds from ``config`` (``VALIDATE_PARAMS``; without
     targets, ``DEFAULT_TARGETS`` for the kind of the primary output)."""
+    from bertopt.output_paths import output_lock
+
     t_start = time.perf_counter()
     plan = plan_gate(artifact, config, report_dir)
+    with output_lock(plan.report_dir, "--report-dir"):
+        return _run_gate(plan, t_start, raise_on_fail, console)
+
+
+def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console) -> dict[str, Any]:
     artifact, config = plan.artifact, plan.config
 
     status = console.status("[bold]validate[/] loading models ...") if console is not None else nullcontext()

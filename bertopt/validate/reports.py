@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,12 @@ def package_versions() -> dict[str, str]:
 
 # -- writing --------------------------------------------------------------------------------------------
 def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.ndarray]], report_dir: Path) -> None:
+    from bertopt.output_paths import sweep_stale, temp_sibling
+
     report_dir = Path(report_dir)
     report_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = report_dir.parent / f".{report_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    sweep_stale(report_dir)
+    tmp = temp_sibling(report_dir)
     tmp.mkdir()
     try:
         result["error_histograms"] = _histograms(distributions)
@@ -56,7 +58,7 @@ def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.
         (tmp / "report.html").write_text(html_report(result), encoding="utf-8")
         old = None
         if report_dir.exists():
-            old = report_dir.parent / f".{report_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            old = temp_sibling(report_dir, "old")
             os.rename(report_dir, old)
         os.rename(tmp, report_dir)
         if old is not None:

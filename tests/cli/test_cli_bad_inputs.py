@@ -146,6 +146,55 @@ def _openvino_export(c: Ctx) -> Path:
     return folder
 
 
+def _linked_artifact(c: Ctx) -> Path:
+    """The tiny artifact reached through a symlinked parent folder: ``link/art`` where ``link`` -> ``real``."""
+    (c.tmp / "real").mkdir()
+    shutil.copytree(c.tiny, c.tmp / "real" / "art")
+    (c.tmp / "link").symlink_to(c.tmp / "real")
+    return c.tmp / "link" / "art"
+
+
+def _user_folder(c: Ctx, name: str) -> Path:
+    folder = c.tmp / name
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("my own file\n")
+    return folder
+
+
+def _artifact_with_outside_link(c: Ctx) -> Path:
+    """A copy of the tiny artifact whose tokenizer folder gained a symlink to a file outside the artifact."""
+    art = c.copy_artifact()
+    secret = c.write("secret.txt", "not part of any artifact\n")
+    (art / "tokenizer" / "extra.txt").symlink_to(secret)
+    return art
+
+
+def _report_folder(c: Ctx) -> Path:
+    folder = c.tmp / "report"
+    folder.mkdir()
+    (folder / "validation.json").write_text("{}")
+    return folder
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """'billion laughs': each level is 9 aliases of the one before, 9**levels strings once expanded."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\nstages: [export]\n"
+
+
+def _recipe_with_later_stage_folder_of_user_files(c: Ctx) -> tuple[Path, Path]:
+    out = c.tmp / "a"
+    _user_folder(c, "a/r/02-quantize")
+    return c.recipe(f"name: r\nmodel: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{}}\n"), out
+
+
+def _hf_copy(c: Ctx) -> Path:
+    shutil.copytree(c.tiny_hf, c.tmp / "hf")
+    return c.tmp / "hf"
+
+
 # -- the corpus: (id, setup) ------------------------------------------------------------------------------------
 CASES = {
     # ONNX from other exporters (sentence-transformers' onnx/ and openvino/ folders, Optimum)
@@ -312,6 +361,86 @@ CASES = {
     "kafka --connect-timeout 0": lambda c: (
         ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
          "--connect-timeout", "0"], "'--connect-timeout'", []),
+    # the output-path policy (bertopt.output_paths): real paths, never the input, --force only over bertopt's own
+    "quantize --out INPUT/tokenizer/.. --force": lambda c: (
+        ["quantize", c.copy_artifact(), "--out", c.tmp / "art" / "tokenizer" / "..", "--force"], "is the input",
+        []),
+    "quantize --out inside the input": lambda c: (
+        ["quantize", c.copy_artifact(), "--out", c.tmp / "art" / "q"], "is inside the input", [c.tmp / "art" / "q"]),
+    "quantize --out inside the input reached through a symlinked parent": lambda c: (
+        ["quantize", _linked_artifact(c), "--out", c.tmp / "real" / "art" / "q"], "is inside the input",
+        [c.tmp / "real" / "art" / "q"]),
+    "quantize --out the folder holding the input --force": lambda c: (
+        ["quantize", c.copy_artifact(), "--out", c.tmp, "--force"], "holds the input", []),
+    "quantize --out an existing file --force": lambda c: (
+        ["quantize", c.tiny, "--out", c.ensure_file("o"), "--force"], "is an existing file, not a bertopt artifact",
+        []),
+    "quantize --out a folder of user files --force": lambda c: (
+        ["quantize", c.tiny, "--out", _user_folder(c, "mine"), "--force"],
+        "exists and is not a bertopt artifact (it holds other files)", []),
+    "quantize --out a validation report --force": lambda c: (
+        ["quantize", c.tiny, "--out", _report_folder(c), "--force"], "exists and is not a bertopt artifact", []),
+    "quantize: the input artifact holds a symlink to a file outside it": lambda c: (
+        ["quantize", _artifact_with_outside_link(c), "--out", c.tmp / "o"], "is a symbolic link to",
+        [c.tmp / "o"]),
+    "export --check-tolerance inf": lambda c: (
+        ["export", c.tiny_hf, "--check-tolerance", "inf", "--out", c.tmp / "o"],
+        "'check_tolerance' must be a finite number", [c.tmp / "o"]),
+    "export --check-tolerance nan": lambda c: (
+        ["export", c.tiny_hf, "--check-tolerance", "nan", "--out", c.tmp / "o"], "'check_tolerance' must be a number",
+        [c.tmp / "o"]),
+    "validate --report-dir inside the artifact": lambda c: (
+        ["validate", c.copy_artifact(), "--report-dir", c.tmp / "art" / "r"], "is inside the input",
+        [c.tmp / "art" / "r"]),
+    "validate --report-dir the artifact itself": lambda c: (
+        ["validate", c.copy_artifact(), "--report-dir", c.tmp / "art"], "is the input", []),
+    "validate --report-dir a folder of user files": lambda c: (
+        ["validate", c.tiny, "--report-dir", _user_folder(c, "mine")],
+        "exists and is not a bertopt validation report", []),
+    "spark-predict --output the artifact --force": lambda c: (
+        ["spark-predict", "--artifact", c.copy_artifact(), "--input", c.parquet("in.parquet"), "--output",
+         c.tmp / "art", "--force"], "is the input", []),
+    "spark-predict --output the input --force": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "in.parquet",
+         "--force"], "is the input", []),
+    "spark-predict --output a folder of user files --force": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output",
+         _user_folder(c, "mine"), "--force"], "exists and is not a bertopt spark-predict output", []),
+    "spark-predict --output a folder holding the input --force": lambda c: (
+        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp, "--force"],
+        "holds the input", []),
+    "bench --json a folder": lambda c: (
+        ["bench", c.tiny, "--json", _user_folder(c, "results")], "is a folder; give the path of a .json file", []),
+    "bench --json a file that is no bench result": lambda c: (
+        ["bench", c.tiny, "--json", c.write("notes.json", "my notes\n")], "exists and is not a bertopt JSON result",
+        []),
+    "bench --json inside the artifact": lambda c: (
+        ["bench", c.copy_artifact(), "--json", c.tmp / "art" / "bench.json"], "is inside the input",
+        [c.tmp / "art" / "bench.json"]),
+    # recipes: plain names, every output folder checked before the first stage, bounded YAML
+    "run: recipe name ../x": lambda c: (
+        ["run", c.recipe(f"name: ../x\nmodel: {c.tiny_hf}\nstages: [export]\n"), "--out", c.tmp / "a"],
+        "must be a plain name", [c.tmp / "a", c.tmp / "x"]),
+    "run: recipe name is an absolute path": lambda c: (
+        ["run", c.recipe(f"name: {c.tmp / 'abs'}\nmodel: {c.tiny_hf}\nstages: [export]\n"), "--out", c.tmp / "a"],
+        "must be a plain name", [c.tmp / "a", c.tmp / "abs"]),
+    "run: a later stage folder holds user files": lambda c: (
+        ["run", *_recipe_with_later_stage_folder_of_user_files(c)[:1], "--out", c.tmp / "a"],
+        "02-quantize exists and is not a bertopt artifact (it holds other files)", [c.tmp / "a" / "r" / "01-export"]),
+    "run: recipe out: inside the model": lambda c: (
+        ["run", c.recipe(f"name: r\nmodel: {_hf_copy(c)}\nout: {c.tmp / 'hf' / 'artifacts'}\nstages: [export]\n")],
+        "is inside the input", [c.tmp / "hf" / "artifacts"]),
+    "run: recipe out: is not a path": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nout: [a, b]\nstages: [export]\n")], "'out' must be a folder path",
+        []),
+    "run: YAML alias bomb (billion laughs)": lambda c: (
+        ["run", c.recipe(_alias_bomb()), "--out", c.tmp / "a"], "the YAML expands to more than", [c.tmp / "a"]),
+    "run: YAML nested thousands deep": lambda c: (
+        ["run", c.recipe("stages: " + "[" * 5000 + "]" * 5000 + "\n"), "--out", c.tmp / "a"], "nest",
+        [c.tmp / "a"]),
+    "run: a recipe file of 2 MiB": lambda c: (
+        ["run", c.recipe("# padding\n" * 200_000 + "stages: [export]\n"), "--out", c.tmp / "a"],
+        "too large for a recipe", [c.tmp / "a"]),
 }
 
 

@@ -52,3 +52,35 @@ def test_list_parameters_are_checked_too():
     assert resolve_config([p], {"outputs": "a,b"}, "t") == {"outputs": ["a", "b"]}
     with pytest.raises(UserError, match="'outputs' must include a"):
         resolve_config([p], {"outputs": ["b"]}, "t")
+
+
+def test_anchors_and_aliases_within_bounds_still_work(tmp_path):
+    r = load_recipe(_write(tmp_path, "stages:\n  - export: &e {opset: 18}\n  - optimize: {}\n  - export: *e\n"))
+    assert [name for name, _ in r.stages] == ["export", "optimize", "export"]
+    assert r.stages[0][1]["opset"] == r.stages[2][1]["opset"] == 18
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: ../x\nstages: [export]\n", "'name' '../x' must be a plain name"),
+    ("name: /abs/x\nstages: [export]\n", "must be a plain name"),
+    ("name: a/b\nstages: [export]\n", "must be a plain name"),
+    ("name: ..\nstages: [export]\n", "must be a plain name"),
+    ("out: 3\nstages: [export]\n", "'out' must be a folder path"),
+    ("model: [a]\nstages: [export]\n", "'model' must be a model path"),
+    ("a: &a [*a]\nstages: [export]\n", "refers to itself"),
+    ("stages: " + "[" * 100 + "]" * 100 + "\n", "nests more than 64 levels"),
+    ("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 12)) + "stages: [export]\n",
+     "expands to more than 100000 values"),
+])
+def test_recipe_names_out_and_yaml_bounds(tmp_path, text, message):
+    with pytest.raises(UserError, match=message):
+        load_recipe(_write(tmp_path, text))
+
+
+def test_a_recipe_file_over_the_size_cap_is_refused_unread(tmp_path):
+    path = tmp_path / "big.yaml"
+    with open(path, "wb") as fh:
+        fh.truncate(64 << 20)  # sparse: 64 MiB of NUL bytes
+    with pytest.raises(UserError, match="too large for a recipe"):
+        load_recipe(path)

@@ -1,0 +1,262 @@
+"""Where a command may write: the one output-path policy of every command that writes (stages, recipes,
+``validate --report-dir``, ``spark-predict --output``, ``bench --json``).
+
+* ``check_output`` runs before any work: paths are compared after ``resolve()`` (so ``--out INPUT/tokenizer/..``
+  and an input reached through a symlinked parent are seen for what they are); an output equal to or inside an
+  input, or an input inside the output, is refused; an existing output is replaced only when the command may
+  replace (``--force``; a report folder always) and only when it is recognisably this tool's own output of the
+  same kind (``OWN_MARKERS``) or an empty folder; a regular file where a folder goes is refused by name.
+* ``output_lock`` takes an exclusive ``flock`` on ``.NAME.lock`` beside the output for as long as a command
+  writes it, so a second writer fails at once with "another bertopt is writing OUT" instead of both saying
+  "wrote". It is re-entrant within a thread (``run_stage`` and the ``ArtifactWriter`` it leads to both take it)
+  and the lock file is removed on release.
+* ``temp_sibling`` names the hidden folder an output is built in (``.NAME.tmp-<pid>-<random>``); ``sweep_stale``
+  removes such folders whose owner process is gone (a writer killed by SIGKILL), under the lock.
+
+Ground layer: imports nothing of bertopt but ``errors``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from bertopt.errors import UserError, check_writable
+
+# kind -> the file that marks a folder as this tool's own output of that kind
+OWN_MARKERS = {
+    "artifact": "bertopt.json",
+    "report": "validation.json",
+    "spark-output": "_bertopt.json",  # '_' : Spark, pyarrow and pandas readers skip it
+}
+KIND_WORDS = {
+    "artifact": "a bertopt artifact",
+    "report": "a bertopt validation report",
+    "spark-output": "a bertopt spark-predict output",
+    "json": "a bertopt JSON result",
+}
+
+
+def _has_scheme(path: str) -> bool:
+    return "://" in path
+
+
+def real_path(path: str | os.PathLike) -> Path:
+    """``path`` with ``~`` expanded, made absolute, every symlink and ``..`` resolved (it need not exist)."""
+    return Path(path).expanduser().resolve()
+
+
+def is_own_output(path: str | os.PathLike, kind: str) -> bool:
+    """Whether ``path`` is a folder (or, for ``json``, a file) that this tool wrote as output of ``kind``."""
+    path = Path(path)
+    if kind == "json":
+        return path.is_file() and _is_result_json(path)
+    return path.is_dir() and not path.is_symlink() and (path / OWN_MARKERS[kind]).is_file()
+
+
+def _is_result_json(path: Path) -> bool:
+    import json
+
+    try:
+        if path.stat().st_size > 64 << 20:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "results" in data and "machine" in data
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child != parent and parent in child.parents
+
+
+def check_output(path: str | os.PathLike, *, kind: str, inputs: Iterable[str | os.PathLike | None] = (),
+                 replace: bool = False, flag: str = "--out") -> Path:
+    """Check, before any work, that ``path`` may be written as output of ``kind``; returns its real path.
+
+    ``inputs``: what the command reads (artifact folders, model files or folders, data files; URLs and None are
+    skipped). ``replace``: the command may replace an existing output (``--force``)."""
+    shown = str(path)
+    real = check_not_input(path, inputs, flag, kind)
+    if real.exists():
+        word = KIND_WORDS[kind]
+        if kind == "json":
+            if real.is_dir():
+                raise UserError(f"{flag} {shown} is a folder; give the path of a .json file")
+            if not is_own_output(real, kind):
+                raise UserError(f"{flag} {shown} exists and is not {word}; refusing to replace it, choose another "
+                                f"{flag}")
+            return real
+        if not real.is_dir():
+            raise UserError(f"{flag} {shown} is an existing file, not {word} folder; remove it or choose another "
+                            f"{flag}")
+        own = is_own_output(real, kind)
+        if not replace:
+            what = word if own else "a folder"
+            raise UserError(f"{flag} {shown} already exists ({what}); choose another {flag} or pass --force to "
+                            "replace it")
+        if not own and _has_entries(real):
+            raise UserError(f"{flag} {shown} exists and is not {word} (it holds other files); refusing to replace "
+                            f"it, choose another {flag}")
+    check_writable(real, flag)
+    return real
+
+
+def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], flag: str = "--out",
+                    kind: str = "") -> Path:
+    """Refuse an output that is, is inside, or holds one of ``inputs`` (real paths); returns its real path."""
+    real = real_path(path)
+    never = "stages never modify their input" if kind == "artifact" else "bertopt never writes over its input"
+    for given in inputs:
+        if given is None or _has_scheme(str(given)):
+            continue
+        source = real_path(given)
+        if real == source:
+            raise UserError(f"{flag} {path} is the input {given}; {never}, choose another {flag}")
+        if _inside(real, source):
+            raise UserError(f"{flag} {path} is inside the input {given}; {never}, choose an {flag} outside it")
+        if _inside(source, real):
+            raise UserError(f"{flag} {path} holds the input {given}, which replacing it would delete; choose "
+                            f"another {flag}")
+    return real
+
+
+def _has_entries(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return any(True for _ in entries)
+
+
+# -- locks ----------------------------------------------------------------------------------------------------
+_held: dict[tuple[str, int], list] = {}  # (lock file, thread) -> [fd, depth]
+_held_guard = threading.Lock()
+
+
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
+    """Hold an exclusive lock on writing ``path`` (its real path is yielded); refuses at once, with one line,
+    when another process (or thread) holds it."""
+    import fcntl
+
+    real = real_path(path)
+    lock = lock_path(real)
+    key = (str(lock), threading.get_ident())
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is not None:
+            entry[1] += 1
+    if entry is not None:
+        try:
+            yield real
+        finally:
+            with _held_guard:
+                entry[1] -= 1
+        return
+    real.parent.mkdir(parents=True, exist_ok=True)
+    fd = _acquire(lock, path, flag, fcntl)
+    with _held_guard:
+        _held[key] = entry = [fd, 1]
+    try:
+        yield real
+    finally:
+        with _held_guard:
+            del _held[key]
+        try:
+            os.unlink(lock)  # while still holding it: a waiter re-checks the inode and retries (see _acquire)
+        except FileNotFoundError:
+            pass  # removed by hand meanwhile: nothing to clean
+        os.close(fd)
+
+
+def _acquire(lock: Path, shown, flag: str, fcntl) -> int:
+    for _ in range(20):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            owner = _lock_owner(lock)
+            raise UserError(f"another bertopt{owner} is writing {shown}; wait for it to finish or choose another "
+                            f"{flag} (lock file {lock})") from None
+        try:
+            current = os.stat(lock).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)  # the previous holder removed the file between our open and flock: take the new one
+    raise UserError(f"could not lock {lock} (it keeps being replaced); check what else writes {shown}")
+
+
+def _lock_owner(lock: Path) -> str:
+    try:
+        pid = int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return ""
+    return f" (pid {pid})" if pid > 0 else ""
+
+
+# -- temporary folders ----------------------------------------------------------------------------------------
+def temp_sibling(target: Path, tag: str = "tmp") -> Path:
+    """A hidden name beside ``target`` for building (``tmp``) or moving aside (``old``) an output; it carries
+    this process's pid so ``sweep_stale`` can tell an orphan from a folder a live writer is filling."""
+    return target.parent / f".{target.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def sweep_stale(target: Path) -> list[Path]:
+    """Remove ``.NAME.tmp-<pid>-*`` / ``.NAME.old-<pid>-*`` beside ``target`` whose process is gone; returns them.
+    Call it holding ``output_lock(target)``."""
+    target = Path(target)
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:tmp|old)-(\d+)-[0-9a-f]{{8}}")
+    removed = []
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found is None or _pid_alive(int(found.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def check_links_inside(folder: Path, what: str) -> None:
+    """Refuse a folder holding a symbolic link that points outside it: its target would be copied into (and
+    hashed as part of) whatever is made from the folder."""
+    folder = Path(folder)
+    root = folder.resolve()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            entry = Path(dirpath) / name
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target != root and root not in target.parents:
+                    rel = entry.relative_to(folder)
+                    raise UserError(f"{what} {folder}: {rel} is a symbolic link to {os.readlink(entry)}, outside "
+                                    "the folder; replace the link with the file itself or re-create the artifact")

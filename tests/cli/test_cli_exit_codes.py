@@ -1,0 +1,180 @@
+"""The exit-code contract (bertopt.errors) through the real command: 0 success, 1 gate failed, 2 usage error,
+130 interrupted (SIGINT, one line "interrupted"), 143 terminated (SIGTERM), and nothing half-written after any of
+them: a real ``bertopt`` subprocess, real signals sent once the work has started, real concurrent writers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+
+from bertopt.cli import app
+
+COMMANDS = sorted(typer.main.get_command(app).commands)
+
+
+def bertopt(argv, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")]), "COLUMNS": "300"}
+    return subprocess.Popen([sys.executable, "-m", "bertopt.cli", *map(str, argv)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0):
+    """Poll until ``predicate()`` is truthy (returns it); fails if the process ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"bertopt ended (exit {proc.returncode}) before the work started: {err[-2000:]}")
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail("the work never started")
+
+
+def hidden(folder: Path, prefix: str) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.startswith(prefix))
+
+
+def lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# -- every command: --help is 0, an unknown option is 2 with one line ------------------------------------------
+def test_every_command_is_covered():
+    assert {"export", "freeze", "prune", "optimize", "quantize", "compile", "run", "inspect", "stages", "validate",
+            "bench", "serve", "client", "spark-predict", "kafka"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_is_0_and_a_usage_error_is_2_for_every_command(cli, command):
+    code, out, _ = cli(command, "--help")
+    assert code == 0 and "Usage" in out
+    code, _, err = cli(command, "--no-such-option")
+    assert code == 2
+    assert len(lines(err)) == 1 and lines(err)[0].startswith("error:") and "--no-such-option" in err, err
+
+
+def test_success_is_0_and_a_failed_gate_is_1(cli, tiny_onnx, tmp_path):
+    code, out, err = cli("inspect", tiny_onnx.path)
+    assert code == 0, err
+    gate = ["--seq-lens", "16", "--no-latency", "--no-batch-check", "--max-texts", "16"]
+    code, _, err = cli("validate", tiny_onnx.path, "--report-dir", tmp_path / "pass", "--targets", "cos_min=0.5", *gate)
+    assert code == 0, err
+    code, _, err = cli("validate", tiny_onnx.path, "--report-dir", tmp_path / "fail", "--targets", "cos_min=1.01",
+                       *gate)
+    assert code == 1
+    assert lines(err)[-1].startswith("gate failed: 1 of") and "cos_min >= 1.01" in err
+    assert (tmp_path / "fail" / "validation.json").is_file()  # a failed gate still writes its report
+
+
+def test_a_recipe_whose_gate_fails_exits_1(cli, tiny_hf, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages: [export]\nvalidate: {{targets: 'cos_min=1.01', "
+                      "seq_lens: '16', latency: false, batch_check: false, max_texts: 16}\n")
+    code, out, err = cli("run", recipe, "--out", tmp_path / "a", "--no-compare")
+    assert code == 1, err
+    assert "gate failed" in err
+    assert (tmp_path / "a" / "r" / "01-export" / "bertopt.json").is_file()
+
+
+# -- interrupted: SIGINT -> 130 and one line, SIGTERM -> 143, nothing half-written --------------------------
+STAGE = ["quantize", None, "--mode", "int8-static", "--calibration-size", "512", "--out", "q"]
+
+
+def _stage_argv(artifact) -> list:
+    return [artifact if a is None else a for a in STAGE]
+
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_during_quantize_exits_with_its_code_and_leaves_nothing(tiny_onnx, tmp_path, sig, code, line):
+    proc = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    wait_for(lambda: hidden(tmp_path, ".q.tmp-"), proc)  # the stage is writing its artifact
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert lines(err) == [line], err
+    assert "wrote" not in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no artifact, no .q.tmp-*, no .q.lock
+
+
+def test_sigint_during_validate_exits_130_and_writes_no_report(tiny_onnx, tmp_path):
+    proc = bertopt(["validate", tiny_onnx.path, "--report-dir", tmp_path / "r", "--seq-lens", "16"], tmp_path)
+    wait_for(lambda: (tmp_path / ".r.lock").exists(), proc)  # the gate is planned and measuring
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert lines(err)[-1] == "interrupted" and "gate PASSED" not in out and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
+                      "calibration_size: 512}\nvalidate: {targets: 'cos_min=0.5', seq_lens: '16'}\n")
+    base = tmp_path / "a" / "r"
+    proc = bertopt(["run", recipe, "--out", tmp_path / "a"], tmp_path)
+    wait_for(lambda: base.exists() and hidden(base, ".02-quantize.tmp-"), proc)  # the second stage is writing
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert lines(err)[-1] == "interrupted" and "gate" not in out.lower()
+    assert sorted(p.name for p in base.iterdir()) == ["01-export"]  # the finished stage only: no half stage
+    assert not (tmp_path / "a" / ".r.lock").exists()
+
+
+# -- SIGKILL: what cannot be cleaned is swept by the next run ------------------------------------------------
+def test_a_stage_killed_mid_write_leaves_a_temp_folder_the_next_run_sweeps(tiny_onnx, tmp_path):
+    proc = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    wait_for(lambda: hidden(tmp_path, ".q.tmp-"), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)  # reaped: its pid is gone
+    assert proc.returncode == -signal.SIGKILL
+    assert hidden(tmp_path, ".q.tmp-")  # SIGKILL cannot be caught: the orphan is there
+    again = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    out, err = again.communicate(timeout=240)
+    assert again.returncode == 0, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # orphan swept, lock file gone
+    assert (tmp_path / "q" / "bertopt.json").is_file()
+
+
+# -- concurrent writers: one clear failure, never two "wrote" -----------------------------------------------
+def test_a_second_writer_to_the_same_out_fails_clearly(tiny_onnx, tmp_path):
+    from bertopt.output_paths import output_lock
+
+    with output_lock(tmp_path / "q"):  # this test process is "another bertopt" writing q
+        proc = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, err[-2000:]
+    assert lines(err) == [f"error: another bertopt (pid {os.getpid()}) is writing q; wait for it to finish or "
+                          f"choose another --out (lock file {tmp_path / '.q.lock'})"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_two_stages_started_together_one_writes_one_refuses(tiny_onnx, tmp_path):
+    first = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    second = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    results = [(*p.communicate(timeout=240),) for p in (first, second)]
+    results = [(p.returncode, out, err) for p, (out, err) in zip((first, second), results)]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], [err[-1000:] for _, _, err in results]
+    (_, out_ok, _), = [r for r in results if r[0] == 0]
+    (_, _, err_refused), = [r for r in results if r[0] == 2]
+    assert "wrote" in out_ok
+    # depending on who got there first: the lock, or the finished artifact (never moved aside without --force)
+    assert ("is writing q; wait for it" in err_refused) or ("q already exists" in err_refused), err_refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+    from bertopt.artifact import Artifact
+
+    Artifact.load(tmp_path / "q")  # complete and verified

@@ -1,0 +1,180 @@
+"""The output-path policy (bertopt.output_paths) on real folders, and through the real command where a user meets
+it: --force replaces only bertopt's own output of the same kind, stale temp folders are swept, the lock is
+exclusive across threads and processes, a recipe's ``out:`` is honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from bertopt.errors import UserError
+from bertopt.output_paths import check_links_inside, check_output, lock_path, output_lock, sweep_stale, temp_sibling
+
+
+def _artifact_like(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "bertopt.json").write_text("{}")
+    return folder
+
+
+def _user_files(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "thesis.tex").write_text("years of work\n")
+    return folder
+
+
+def test_an_absent_output_is_returned_as_its_real_path(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert check_output(tmp_path / "link" / "x" / ".." / "o", kind="artifact") == (tmp_path / "real" / "o").resolve()
+
+
+@pytest.mark.parametrize("kind, marker", [("artifact", "bertopt.json"), ("report", "validation.json"),
+                                          ("spark-output", "_bertopt.json")])
+def test_force_replaces_only_the_same_kind_of_own_output(tmp_path, kind, marker):
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / marker).write_text("{}")
+    assert check_output(own, kind=kind, replace=True) == own.resolve()
+    with pytest.raises(UserError, match=r"already exists \(a bertopt"):
+        check_output(own, kind=kind, replace=False)
+    (tmp_path / "empty").mkdir()
+    assert check_output(tmp_path / "empty", kind=kind, replace=True)  # nothing there to lose
+    with pytest.raises(UserError, match="holds other files"):
+        check_output(_user_files(tmp_path / "mine"), kind=kind, replace=True)
+    other = {"artifact": "validation.json", "report": "_bertopt.json", "spark-output": "bertopt.json"}[kind]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / other).write_text("{}")  # bertopt's, but another kind of output
+    with pytest.raises(UserError, match="holds other files"):
+        check_output(foreign, kind=kind, replace=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is an existing file"):
+        check_output(tmp_path / "file", kind=kind, replace=True)
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "years of work\n"
+
+
+def test_inputs_are_compared_as_real_paths(tmp_path):
+    art = _artifact_like(tmp_path / "real" / "art")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    via_link = tmp_path / "link" / "art"
+    for out, message in [(art, "is the input"), (art / "tokenizer" / "..", "is the input"),
+                         (art / "sub", "is inside the input"), (tmp_path / "real", "holds the input"),
+                         (tmp_path / "link", "holds the input")]:
+        with pytest.raises(UserError, match=message):
+            check_output(out, kind="artifact", inputs=[via_link], replace=True)
+    with pytest.raises(UserError, match="is the input"):  # a data file is an input too
+        check_output(tmp_path / "data.parquet", kind="spark-output", inputs=[tmp_path / "data.parquet"])
+    assert check_output(tmp_path / "elsewhere", kind="artifact", inputs=[via_link, "hdfs://x/y", None])
+
+
+def test_json_results_replace_only_a_bertopt_result(tmp_path):
+    result = tmp_path / "bench.json"
+    result.write_text(json.dumps({"settings": {}, "machine": {}, "results": []}))
+    assert check_output(result, kind="json") == result.resolve()
+    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    with pytest.raises(UserError, match="is not a bertopt JSON result"):
+        check_output(tmp_path / "notes.json", kind="json")
+    with pytest.raises(UserError, match="is a folder"):
+        check_output(tmp_path, kind="json")
+
+
+def test_sweep_removes_temp_folders_of_dead_writers_only(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process
+    target = tmp_path / "out"
+    orphan = tmp_path / f".out.tmp-{dead.pid}-0123abcd"
+    orphan_old = tmp_path / f".out.old-{dead.pid}-89abcdef"
+    live = temp_sibling(target)  # this process: alive
+    other_target = tmp_path / f".other.tmp-{dead.pid}-0123abcd"
+    unrecognised = tmp_path / ".out.tmp-0123abcd"  # an older bertopt's name: no pid, so never guessed at
+    for folder in (orphan, orphan_old, live, other_target, unrecognised):
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(b"partial")
+    assert sorted(p.name for p in sweep_stale(target)) == sorted([orphan.name, orphan_old.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_target.name, unrecognised.name])
+
+
+def test_the_lock_is_reentrant_in_a_thread_exclusive_across_threads_and_removed_after(tmp_path):
+    out = tmp_path / "out"
+    seen = []
+
+    def other_writer():
+        try:
+            with output_lock(out):
+                seen.append("got it")
+        except UserError as exc:
+            seen.append(str(exc))
+
+    with output_lock(out) as real:
+        assert real == out.resolve() and lock_path(real).is_file()
+        with output_lock(out):  # run_stage, then the ArtifactWriter it leads to
+            thread = threading.Thread(target=other_writer)
+            thread.start()
+            thread.join()
+        assert lock_path(real).is_file()
+    assert seen and seen[0].startswith(f"another bertopt (pid {os.getpid()}) is writing {out}; wait for it")
+    assert not lock_path(out.resolve()).exists()
+    lock_path(out.resolve()).write_text("12345\n")  # left by a writer killed with SIGKILL: flock died with it
+    with output_lock(out):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_links_inside_an_input_folder_must_stay_inside(tmp_path):
+    art = _artifact_like(tmp_path / "art")
+    (art / "tokenizer").mkdir()
+    (art / "tokenizer" / "vocab.txt").write_text("a\n")
+    (art / "tokenizer" / "alias.txt").symlink_to(art / "tokenizer" / "vocab.txt")  # inside: harmless
+    check_links_inside(art, "input artifact")
+    (tmp_path / "secret").write_text("s\n")
+    (art / "tokenizer" / "leak.txt").symlink_to(tmp_path / "secret")
+    with pytest.raises(UserError, match=r"tokenizer/leak.txt is a symbolic link to .*secret, outside the folder"):
+        check_links_inside(art, "input artifact")
+    (art / "tokenizer" / "leak.txt").unlink()
+    (art / "up").symlink_to(tmp_path)  # a folder link counts too
+    with pytest.raises(UserError, match="up is a symbolic link"):
+        check_links_inside(art, "input artifact")
+
+
+# -- through the real command --------------------------------------------------------------------------------
+def test_force_replaces_an_earlier_artifact_of_the_stage(cli, tiny_onnx, tmp_path):
+    code, out, err = cli("prune", tiny_onnx.path, "--out", tmp_path / "p")
+    assert code == 0, err
+    code, _, err = cli("prune", tiny_onnx.path, "--out", tmp_path / "p")
+    assert code == 2 and "already exists (a bertopt artifact)" in err
+    code, out, err = cli("prune", tiny_onnx.path, "--out", tmp_path / "p", "--force")
+    assert code == 0 and "wrote" in out, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # nothing moved aside is left
+
+
+def test_a_recipe_writes_under_its_out_key_and_reruns_in_place(cli, tiny_hf, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {tiny_hf}\nout: outs\nstages: [export]\n")
+    code, _, err = cli("run", recipe, "--no-compare")
+    assert code == 0, err
+    assert (tmp_path / "outs" / "r" / "01-export" / "bertopt.json").is_file()
+    assert not (tmp_path / "artifacts").exists()
+    code, _, err = cli("run", recipe, "--no-compare")  # a recipe replaces its own stage folders
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "outs" / "r").iterdir()) == ["01-export"]
+    code, _, err = cli("run", recipe, "--no-compare", "--out", tmp_path / "given")  # --out wins over out:
+    assert code == 0, err
+    assert (tmp_path / "given" / "r" / "01-export" / "bertopt.json").is_file()
+
+
+def test_a_recipe_checks_every_stage_folder_before_the_first_stage(cli, tiny_hf, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages: [export, optimize]\n")
+    shutil.copytree(tiny_hf, tmp_path / "a" / "r" / "02-optimize")  # a model folder, not an artifact
+    code, _, err = cli("run", recipe, "--out", tmp_path / "a", "--no-compare")
+    assert code == 2 and "02-optimize exists and is not a bertopt artifact" in err
+    assert sorted(p.name for p in (tmp_path / "a" / "r").iterdir()) == ["02-optimize"]
