@@ -109,7 +109,8 @@ class StaticInt8Runner(SentenceTransformerRunner):
 def build_static_int8(model: str, folder: Path, calibration: list[str]) -> None:
     """``sentence_transformers.backend.export_static_quantized_openvino_model`` step by step, with the calibration
     set given here instead of glue/sst2 from the hub (not reachable offline): OVQuantizationConfig() defaults
-    (300 samples), the text shuffled with the dataset builder's seed, tokenised padded to max_length 384."""
+    (num_samples None: the whole set, of which NNCF calibrates on 300), the text shuffled with the dataset
+    builder's seed, tokenised padded to max_length 384."""
     from datasets import Dataset
     from optimum.intel.openvino import OVConfig, OVQuantizationConfig, OVQuantizer
     from sentence_transformers import SentenceTransformer
@@ -125,7 +126,8 @@ def build_static_int8(model: str, folder: Path, calibration: list[str]) -> None:
     quantizer = OVQuantizer.from_pretrained(st.transformers_model)
     seed = getattr(getattr(quantizer, "dataset_builder", None), "seed", 42)
     dataset = Dataset.from_dict({"sentence": list(calibration)}).shuffle(seed=seed)
-    dataset = dataset.take(min(quantization_config.num_samples or 300, len(dataset)))
+    if quantization_config.num_samples:  # None (the default): every text, NNCF samples its own subset (300)
+        dataset = dataset.take(min(quantization_config.num_samples, len(dataset)))
     dataset = dataset.map(lambda ex: st.tokenizer(ex["sentence"], padding="max_length", max_length=384,
                                                   truncation=True), batched=True)
     save_or_push_to_hub_model(
