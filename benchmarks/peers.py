@@ -139,7 +139,9 @@ def contender_specs(args, threads: int, model_dir: str, texts_file: Path) -> lis
            ("sentence-transformers static int8 OpenVINO", {"kind": "st-int8-static", "slug": "st-int8-static",
                                                            "precision": "int8 static", "build_dir": str(cache)},
             peer_python)]
-    names = [p.name for p in args.artifacts]
+    # a recipe's stage folder (NN-stage) is named after its recipe too: minilm-fastest-cpu/03-compile
+    names = [f"{p.parent.name}/{p.name}" if p.name[:2].isdigit() and p.name[2:3] == "-" else p.name
+             for p in (Path(a).resolve() for a in args.artifacts)]
     if len(set(names)) != len(names):
         names = [str(p) for p in args.artifacts]
     for i, (path, name) in enumerate(zip(args.artifacts, names)):
