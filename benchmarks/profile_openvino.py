@@ -9,8 +9,8 @@ Prints and writes to JSON (benchmarks/results/profile-openvino-*.json):
   3. the model's multiply-accumulates counted from its graph at 32 x 128 (every MatMul: weight projections and
      attention's QK^T / PV) and the achieved GOPS (2 ops per MAC) against the CPU's int8 peak
      cores x GHz x 256 (two 512-bit VNNI pipes, 64 int8 MACs each per cycle; ``common.peak_gflops``);
-  4. on short texts, the Predictor's time split into tokenisation, feed building, inference and the rest (Python),
-     at batch 32 and batch 1.
+  4. on short texts, the Predictor's time split into tokenisation, feed building and inference (shares of the
+     three timed back to back) and the rest of a ``run`` call (Python; quiet machine only), at batch 32 and 1.
 
     .venv/bin/python benchmarks/profile_openvino.py ARTIFACT [--threads 2] [--reps 5]
 """
@@ -114,9 +114,12 @@ def overhead_split(pred, texts: list[str], batch: int, reps: int) -> dict[str, f
                             ("infer_ms", t4 - t3)):
                 parts[key].append(dt * 1e3)
     out = {k: statistics.median(v) for k, v in parts.items()}
+    # the remainder compares medians of separate calls: meaningful on a quiet machine only
     out["python_ms"] = max(out["run_ms"] - out["tokenize_ms"] - out["feeds_ms"] - out["infer_ms"], 0.0)
-    for key in ("tokenize_ms", "feeds_ms", "infer_ms", "python_ms"):
-        out[key.replace("_ms", "_share")] = out[key] / out["run_ms"] if out["run_ms"] else float("nan")
+    # shares of the three parts timed back to back in one call sequence (robust to load between calls)
+    steps = out["tokenize_ms"] + out["feeds_ms"] + out["infer_ms"]
+    for key in ("tokenize_ms", "feeds_ms", "infer_ms"):
+        out[key.replace("_ms", "_share")] = out[key] / steps if steps else float("nan")
     out["batch"] = batch
     return out
 
@@ -215,7 +218,8 @@ def main(argv=None) -> int:
                       f"pipes x 64 MACs x 2) = {int8_peak:.0f} GOPS -> {achieved_gops / int8_peak:.1%} of peak")
     else:
         console.print("  no int8 dot-product instructions (VNNI/AMX) on this CPU: no int8 peak to compare with")
-    table = Table(title="Predictor on short texts: where a call's time goes (median ms per call)", title_justify="left")
+    table = Table(title="Predictor on short texts: where a call's time goes (median ms per call; shares of "
+                  "tokenize + feeds + infer)", title_justify="left")
     for col in ("batch", "run", "tokenize", "feeds", "infer", "python", "tokenize share", "infer share"):
         table.add_column(col, justify="right")
     for o in overhead:
