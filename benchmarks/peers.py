@@ -257,12 +257,17 @@ def main(args) -> int:
     return 0
 
 
+def load(triple) -> str:
+    return "/".join(f"{x:.1f}" for x in triple) if triple else "?"
+
+
 def peer_table(results, args, threads: int, machine: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title=f"against sentence-transformers on {cpu_line(machine)} ({threads} threads, batch "
                   f"{args.batch_size}, {args.rounds} interleaved rounds, medians; load average "
-                  f"{machine.get('load_average')} -> {machine.get('load_average_after')})", title_justify="left",
+                  f"{load(machine.get('load_average'))} -> {load(machine.get('load_average_after'))})",
+                  title_justify="left",
                   caption=f"(a) padded: batches of exactly {args.batch_size} x {args.seq_len} tokens; (b) mixed: "
                   "mixed-length text in length-sorted batches; texts/s; x: ratio to the named contender in this run; "
                   f"cos: cosine of each output vs {REFERENCE} (min over the workload's texts)",
