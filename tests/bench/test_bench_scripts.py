@@ -153,3 +153,27 @@ def test_compare_st_peers_smoke_without_peer_venv(tiny_hf, tiny_onnx, tmp_path):
     assert data["settings"]["padded_texts"] == 8 and data["settings"]["threads"] == 1
     assert set(data["machine"]["cpu_features"]) <= set(data["cpu"].replace(",", " ").replace(";", " ").split())
     assert "skipped" in proc.stdout and "against sentence-transformers on" in proc.stdout
+
+
+@pytest.mark.slow
+def test_profile_openvino_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/profile_openvino.py on a tiny OpenVINO artifact: per-node time by exec type, the model's MACs
+    counted from its graph (equal to the shape formula of bertopt.bench), the overhead split, JSON written."""
+    from bertopt.bench import flops_per_sentence
+    from bertopt.registry import run_stage
+
+    art = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32"}, tmp_path / "ov")
+    out = tmp_path / "prof.json"
+    proc = _run("profile_openvino.py", art.path, "--reps", "1", "--batch-size", "4", "--seq-len", "24",
+                "--mixed-texts", "8", "--short-texts", "8", "--threads", "1", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    padded = data["nodes"]["padded"]
+    assert padded and sum(r["share"] for r in padded) == pytest.approx(1.0)
+    assert data["precision_share"]["padded"].get("f32", 0) > 0.5
+    matmuls = [r for r in padded if r["node_type"].startswith(("FullyConnected", "MatMul"))]
+    assert matmuls and {r["precision"] for r in matmuls} == {"f32"}  # f32 pinned: no bf16 or int8 kernel
+    want = 4 * flops_per_sentence(art.model_info, 24) / 2  # batch 4, 2 FLOPs per MAC
+    assert data["macs"]["total"] == pytest.approx(want, rel=0.01)
+    assert {o["batch"] for o in data["overhead_short_texts"]} == {4, 1}
+    assert "time by node type and exec type" in proc.stdout and "MACs at 4 x 24" in proc.stdout
