@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test test-fast lint bench venv clean
+.PHONY: demo test test-fast lint bench venv peer-venv clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_recipes.py
+
+# the separate venv of sentence-transformers' OpenVINO contenders (benchmarks/compare.py --st-peers)
+peer-venv:
+	benchmarks/peer-venv.sh peer-venv
 
 clean:
 	rm -rf artifacts build *.egg-info

@@ -15,6 +15,10 @@ Measured interleaved (A B C ... A B C ...), medians of ``--rounds``:
 
     .venv/bin/python benchmarks/compare.py --rounds 5
     .venv/bin/python benchmarks/compare.py --study --rounds 3
+
+``--st-peers`` measures instead against sentence-transformers (its PyTorch fp32/bf16, ``backend="openvino"`` and
+static int8 OpenVINO model, in a separate venv) with the artifacts given by ``--artifacts``, each contender in its
+own process: see benchmarks/peers.py.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import peers  # noqa: E402
 from common import (  # noqa: E402
     ROOT,
     add_common_args,
@@ -55,10 +60,13 @@ def dtype_of(precision: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
+    peers.add_args(parser)
     parser.add_argument("--study", action="store_true", help="Add the variants behind each optimisation step.")
     parser.add_argument("--only", nargs="*", default=None, help="Measure only contenders whose name contains one "
                         "of these words (PyTorch fp32 and bf16 are always measured).")
     args = parser.parse_args(argv)
+    if args.st_peers:
+        return peers.main(args)
 
     from rich.console import Console
 

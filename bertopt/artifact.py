@@ -475,6 +475,25 @@ class Artifact:
         measured = (self.manifest.get("validation") or {}).get("batch_invariance")
         return measured or self.manifest.get("batch_invariance")
 
+    def measured_batch_dev(self) -> float:
+        """The batch deviation ``validate`` measured for this artifact and recorded in its manifest: the largest
+        1 - cosine between a text's output alone and the same text inside other batches (``validate/batch.py``).
+        Raises UserError when no validation has measured it (a stage's declaration is no measurement)."""
+        found = (self.manifest.get("validation") or {}).get("batch_invariance") or {}
+        dev = found.get("batch_dev")
+        if found.get("measured_by") != "validate" or not isinstance(dev, (int, float)):
+            raise UserError(f"{self.path} records no measured batch deviation; run 'bertopt validate {self.path}' "
+                            "(batch check on, the default) to measure and record it")
+        return float(dev)
+
+    def served_deviation_bound(self) -> float:
+        """The largest 1 - cosine by which two servings of one text may differ (served vs in-process, batch A vs
+        batch B), from ``measured_batch_dev``: each lies within the measured deviation of the text alone and
+        angles add, 1 - cos(2a) <= 4 (1 - cos a). Never below 1e-9: an f32 artifact measures ~1e-12 on the
+        validation probes and other batch shapes may land a little above 4x that; 1e-9 is still stricter than
+        the elementwise 1e-5 these comparisons used before (up to ~2e-8 in 1 - cosine for a 384-d unit vector)."""
+        return max(4.0 * self.measured_batch_dev(), 1e-9)
+
     def batch_dependence_warning(self) -> str | None:
         """One line for servers to print at start-up when this artifact is known to be batch-dependent."""
         info = self.batch_invariance()

@@ -59,6 +59,9 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
     if group is not None:
         # int8-weight MatMuls: activations quantised to int8 per token, per group of channels (0 = stay float)
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(group)
+    if options.get("profiling"):
+        # per-node timings for request.profiling_info (benchmarks/profile_openvino.py); costs a little per node
+        config["PERF_COUNT"] = True
     if options.get("cache", True):
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
@@ -113,6 +116,18 @@ class OpenVinoSession:
         request = self._request()
         results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
         return [np.array(results[self._outputs[n]], copy=True) for n in output_names]
+
+    def profiling_info(self) -> list[Any]:
+        """OpenVINO's per-node records (node name and type, exec type such as ``brgemm_avx512_i8``, real and CPU
+        time) of this thread's last run; the artifact's ``runtime_options`` must have ``"profiling": true``."""
+        if not self.options.get("profiling"):
+            raise UserError("this OpenVINO session was compiled without profiling; set runtime_options "
+                            "'profiling': true on the artifact it runs")
+        return list(self._request().profiling_info)
+
+    def runtime_model(self):
+        """The graph OpenVINO compiled (its nodes carry the layer type, precision and kernel chosen)."""
+        return self._compiled.get_runtime_model()
 
 
 register_backend("openvino")(OpenVinoSession)

@@ -124,3 +124,56 @@ def test_models_script_smoke(tmp_path):
         assert optimized["cos_min"] > 0.9999
     assert json.loads(out.read_text())["meta"]["min_round_s"] == 0.2
     assert (ROOT / "docs" / "models.md").read_text() == docs_before
+
+
+@pytest.mark.slow
+def test_compare_st_peers_smoke_without_peer_venv(tiny_hf, tiny_onnx, tmp_path):
+    """compare.py --st-peers on the tiny model: sentence-transformers' PyTorch contenders and the artifact each run
+    in a process of their own and are timed; without the peer venv its OpenVINO contenders are reported as
+    skipped with the reason, and the table names the CPU's features."""
+    out = tmp_path / "p.json"
+    missing = tmp_path / "no-peer-venv"
+    proc = _run("compare.py", "--st-peers", "--model", tiny_hf, "--artifacts", tiny_onnx.path, "--peer-venv",
+                missing, "--rounds", "2", "--texts", "8", "--mixed-texts", "12", "--batch-size", "4",
+                "--seq-len", "24", "--threads", "1", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["results"]}
+    assert list(rows) == ["sentence-transformers PyTorch fp32", "sentence-transformers PyTorch bf16 autocast",
+                          'sentence-transformers backend="openvino"', "sentence-transformers static int8 OpenVINO",
+                          "bertopt art"]
+    for name in ('sentence-transformers backend="openvino"', "sentence-transformers static int8 OpenVINO"):
+        assert rows[name]["skipped"] == f"no peer venv at {missing}: create it with benchmarks/peer-venv.sh {missing}"
+    ref, art = rows["sentence-transformers PyTorch fp32"], rows["bertopt art"]
+    assert len(ref["padded_texts_per_s_rounds"]) == 2 and len(art["mixed_texts_per_s_rounds"]) == 2
+    assert ref["fidelity"]["mixed"]["cos_min"] == pytest.approx(1.0)
+    # the fp32 export of the same model against sentence-transformers' own pipeline: rounding only
+    assert art["fidelity"]["mixed"]["cos_min"] > 0.9999 and art["fidelity"]["padded"]["cos_min"] > 0.9999
+    assert art["vs"]["st-fp32"]["mixed"] > 0 and "st-openvino" not in art["vs"]
+    assert data["settings"]["padded_texts"] == 8 and data["settings"]["threads"] == 1
+    assert set(data["machine"]["cpu_features"]) <= set(data["cpu"].replace(",", " ").replace(";", " ").split())
+    assert "skipped" in proc.stdout and "against sentence-transformers on" in proc.stdout
+
+
+@pytest.mark.slow
+def test_profile_openvino_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/profile_openvino.py on a tiny OpenVINO artifact: per-node time by exec type, the model's MACs
+    counted from its graph (equal to the shape formula of bertopt.bench), the overhead split, JSON written."""
+    from bertopt.bench import flops_per_sentence
+    from bertopt.registry import run_stage
+
+    art = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32"}, tmp_path / "ov")
+    out = tmp_path / "prof.json"
+    proc = _run("profile_openvino.py", art.path, "--reps", "1", "--batch-size", "4", "--seq-len", "24",
+                "--mixed-texts", "8", "--short-texts", "8", "--threads", "1", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    padded = data["nodes"]["padded"]
+    assert padded and sum(r["share"] for r in padded) == pytest.approx(1.0)
+    assert data["precision_share"]["padded"].get("f32", 0) > 0.5
+    matmuls = [r for r in padded if r["node_type"].startswith(("FullyConnected", "MatMul"))]
+    assert matmuls and {r["precision"] for r in matmuls} == {"f32"}  # f32 pinned: no bf16 or int8 kernel
+    want = 4 * flops_per_sentence(art.model_info, 24) / 2  # batch 4, 2 FLOPs per MAC
+    assert data["macs"]["total"] == pytest.approx(want, rel=0.01)
+    assert {o["batch"] for o in data["overhead_short_texts"]} == {4, 1}
+    assert "time by node type and exec type" in proc.stdout and "MACs at 4 x 24" in proc.stdout

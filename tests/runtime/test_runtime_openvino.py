@@ -143,3 +143,22 @@ def test_openvino_session_is_thread_safe(ov_f32, texts):
         t.join(timeout=60)
     assert not errors
     assert all(np.allclose(results[i], expected, atol=1e-6) for i in range(3))
+
+
+def test_profiling_option_gives_per_node_kernels(ov_f32, texts):
+    """runtime_options 'profiling' (benchmarks/profile_openvino.py): the last run's per-node records name the
+    kernel of every weight MatMul; the same values as without profiling; a session compiled without it says how."""
+    plain = Predictor(ov_f32.path, threads=1)
+    with pytest.raises(UserError, match="compiled without profiling; set runtime_options 'profiling': true"):
+        plain.session.profiling_info()
+    options = {**ov_f32.manifest["runtime_options"], "profiling": True}
+    profiled = Predictor(Artifact(ov_f32.path, {**ov_f32.manifest, "runtime_options": options}), threads=1,
+                         verify=False)
+    got = profiled.encode(texts[:8])
+    np.testing.assert_allclose(got, plain.encode(texts[:8]), atol=1e-6)
+    records = profiled.session.profiling_info()
+    executed = [r for r in records if str(r.status).endswith("EXECUTED")]
+    assert executed and all(r.real_time.total_seconds() >= 0 for r in executed)
+    matmuls = [r for r in executed if r.node_type.startswith(("FullyConnected", "MatMul"))]
+    assert matmuls and all("f32" in r.exec_type.lower() for r in matmuls)  # f32 pinned: no bf16/int8 kernel
+    assert any(op.get_type_name() for op in profiled.session.runtime_model().get_ordered_ops())

@@ -114,3 +114,30 @@ def test_serving_commands_warn_once_about_a_batch_dependent_artifact(tiny_int8, 
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and "no server.key_secret" in lines[-1], proc.stderr
         assert sum("is batch-dependent" in line for line in lines) == (1 if warned else 0), proc.stderr
+
+
+def test_served_bound_is_the_batch_dev_validate_recorded(cli, tiny_onnx, tmp_path):
+    """Served-equals-validated tests hold served outputs to the artifact's own measured bound: none before
+    validation (a stage's declaration is no measurement), 4x the recorded batch_dev after it."""
+    import numpy as np
+
+    from bertopt.artifact import Artifact
+    from bertopt.errors import UserError
+    from bertopt.testing import served_deviation
+
+    art = run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "per_channel": False}, tmp_path / "int8")
+    assert art.batch_invariance()["measured_by"] is None  # declared by the stage, not measured
+    with pytest.raises(UserError, match=r"records no measured batch deviation; run 'bertopt validate .*int8'"):
+        art.served_deviation_bound()
+    code, _, err = cli("validate", art.path, "--targets", "cos_min=0.5", "--report-dir", tmp_path / "r", *FAST)
+    assert code == 0, err
+    again = Artifact.load(art.path)
+    recorded = json.loads((art.path / "bertopt.json").read_text())["validation"]["batch_invariance"]["batch_dev"]
+    assert again.measured_batch_dev() == recorded > 1e-6  # dynamic int8: well above float rounding
+    assert again.served_deviation_bound() == pytest.approx(4 * recorded)
+
+    want = Predictor(again).encode(corpus()[:8])
+    assert served_deviation(want, want) < 1e-12
+    turned = want.copy()
+    turned[0] = np.roll(turned[0], 1)  # another vector in row 0: far outside any rounding bound
+    assert served_deviation(turned, want) > again.served_deviation_bound()
