@@ -9,6 +9,15 @@
     validate:
       targets: cos_min=0.95
 
+Instead of ``stages:`` a recipe may say ``tune:`` (the parameters of ``bertopt tune``): every candidate that makes
+sense on the machine is built, gated and timed, and the fastest that passes is the recipe's artifact
+(``<out>/<name>``, its report in ``<out>/<name>-report``); tune gates every candidate itself, so such a recipe
+has no ``validate:``.
+
+    name: minilm-tuned
+    model: builtin:minilm
+    tune: {time_budget: 4m}
+
 Every key is checked: an unknown key or a bad value is an error naming the key and where it is.
 """
 
@@ -22,8 +31,8 @@ from typing import Any, Callable
 from bertopt.errors import UserError
 from bertopt.params import resolve_config
 
-RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate")
-DEFAULT_RECIPE = "minilm-faithful-cpu"  # faithful and batch-invariant on every CPU (benchmarks/default_candidates.py)
+RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate", "tune")
+DEFAULT_RECIPE = "minilm-tuned"  # the fastest artifact that passes the gate on the machine it runs on (bertopt tune)
 
 
 @dataclass
@@ -35,6 +44,7 @@ class Recipe:
     description: str = ""
     out: str | None = None
     path: Path | None = None
+    tune: dict[str, Any] | None = None  # a tune recipe: bertopt tune's parameters instead of stages
 
 
 @dataclass
@@ -43,6 +53,7 @@ class RecipeResult:
     artifacts: list[Any] = field(default_factory=list)
     comparison: dict[str, Any] = field(default_factory=dict)
     validation: dict[str, Any] | None = None
+    tune: Any = None  # a tune recipe's TuneResult
 
     @property
     def final(self):
@@ -85,6 +96,8 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
     unknown = [k for k in data if k not in RECIPE_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; allowed keys: {', '.join(RECIPE_KEYS)}")
+    if "tune" in data:
+        return _parse_tune_recipe(data, where, path)
     if "stages" not in data or not isinstance(data["stages"], list) or not data["stages"]:
         raise UserError(f"{where}: 'stages' must be a non-empty list like "
                         "[{export: {}}, {quantize: {mode: fp16}}]")
@@ -117,13 +130,34 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
                   description=str(data.get("description", "")), out=data.get("out"), path=path)
 
 
+def _parse_tune_recipe(data: dict, where: str, path: Path | None) -> Recipe:
+    from bertopt.tune import TUNE_PARAMS
+
+    for key in ("stages", "validate"):
+        if key in data:
+            raise UserError(f"{where}: a recipe with 'tune' has no '{key}' (tune builds and gates its own "
+                            "candidates); drop one of them")
+    tune = data["tune"] if data["tune"] is not None else {}
+    if not isinstance(tune, dict):
+        raise UserError(f"{where}: 'tune' must be a mapping of tune parameters, e.g. {{time_budget: 5m}}")
+    tune = dict(tune)
+    if isinstance(tune.get("targets"), dict):  # targets may be written as a mapping too
+        tune["targets"] = ",".join(f"{k}={v}" for k, v in tune["targets"].items())
+    name = str(data.get("name") or (path.stem if path else "recipe"))
+    return Recipe(name=name, model=str(data.get("model", "builtin:minilm")), stages=[], validate=None,
+                  description=str(data.get("description", "")), out=data.get("out"), path=path,
+                  tune=resolve_config(TUNE_PARAMS, tune, f"{where}: tune"))
+
+
 ProgressFn = Callable[[str, int, int], None]
 
 
 def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, out: str | os.PathLike | None = None,
-               progress: ProgressFn | None = None, compare: bool = True, gate: bool = True) -> RecipeResult:
+               progress: ProgressFn | None = None, compare: bool = True, gate: bool = True,
+               say: Callable[[str], None] | None = None) -> RecipeResult:
     """Run every stage in order (each output folder ``<out>/<NN>-<stage>``), then compare the final artifact
-    with the original model on the built-in corpus, and run the recipe's ``validate:`` gate."""
+    with the original model on the built-in corpus, and run the recipe's ``validate:`` gate. A ``tune:`` recipe
+    runs ``bertopt tune`` instead (its artifact ``<out>/<name>``; it always gates, ``compare``/``gate`` aside)."""
     from bertopt.registry import get_stage, resolve_input
 
     if not isinstance(recipe, Recipe):
@@ -132,6 +166,12 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
     base = Path(out or recipe.out or Path("artifacts")) / recipe.name
     check_recipe(recipe, base)  # the whole recipe, before its first stage writes anything
     result = RecipeResult(recipe)
+    if recipe.tune is not None:
+        from bertopt.tune import run_tune
+
+        result.tune = run_tune(source_spec, base, recipe.tune, overwrite=True, say=say, progress=progress)
+        result.artifacts.append(result.tune.artifact)
+        return result
     current = resolve_input(source_spec)
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
     for i, (name, config) in enumerate(recipe.stages):
