@@ -57,7 +57,7 @@ def _duration_ok(value: str) -> str | None:
     try:
         parse_duration(value)
     except UserError as exc:
-        return str(exc).split("; ", 1)[0].replace(f"time budget {value!r} ", "")
+        return str(exc).replace(f"time budget {value!r} ", "")
     return None
 
 
