@@ -352,13 +352,16 @@ def _check_out(out: Path, overwrite: bool) -> None:
     check_writable(out, "--out")
 
 
+REPORT_FILES = {"tune.json", "tune.md", "tune.html", "gate-texts.jsonl", "candidates"}
+
+
 def _check_report_dir(report_dir: Path) -> None:
     from bertopt.errors import check_writable
 
     if report_dir.exists():
         if not report_dir.is_dir():
             raise UserError(f"report folder {report_dir} is a file; choose another --report-dir")
-        if any(report_dir.iterdir()) and not (report_dir / "tune.json").exists():
+        if {p.name for p in report_dir.iterdir()} - REPORT_FILES:
             raise UserError(f"report folder {report_dir} exists and holds something other than a bertopt tune "
                             "report; choose another --report-dir")
     check_writable(report_dir, "--report-dir")
@@ -445,6 +448,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
     try:
         work.mkdir(parents=True)
         report_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(report_dir / "candidates", ignore_errors=True)  # a previous run's, replaced
         gate_file, timing_texts, data_source = _gate_data(config["data"], config["text_column"],
                                                           config["max_texts"], report_dir)
         tick("export + prune (shared by every candidate)")

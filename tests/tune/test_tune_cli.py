@@ -124,7 +124,7 @@ def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
 
 def test_ctrl_c_leaves_no_half_written_artifact(tiny_model, tmp_path):
     out = tmp_path / "tuned"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "tune", str(tiny_model), "--out", str(out), *FAST],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=tmp_path)
