@@ -237,8 +237,9 @@ def _figures(alone: dict[str, Any], batched: dict[str, Any], primary: str) -> di
         for key in keep:
             if key in metrics:
                 out[f"{key}_{label}"] = metrics[key]
-    if "batch_dev" in batched["metrics"]:
-        out["batch_dev"] = batched["metrics"]["batch_dev"]
+    if batched.get("batch_invariance"):  # the worst over every output, as the manifest records it
+        out["batch_dev"] = batched["batch_invariance"]["batch_dev"]
+        out["batch_dev_primary"] = batched["metrics"]["batch_dev"]
     cos = [out[k] for k in ("cos_min_alone", "cos_min_batched") if k in out]
     if cos:
         out["cos_min"] = min(cos)
@@ -253,9 +254,15 @@ def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report
     """The release gate twice: every text alone (batch 1), then in batches of ``batch_size`` with the batch
     invariance check (recorded last, so the manifest's ``validation.batch_invariance`` is the batched run's)."""
     from bertopt.validate.gate import validate_artifact
-    from bertopt.validate.targets import BATCH_METRICS, parse_targets
+    from bertopt.validate.targets import BATCH_METRICS, Target, parse_targets
 
     parsed = parse_targets(targets)
+    # a bare batch_dev bounds every output, not just the primary one: the manifest records the worst over all
+    # of them, and that is the bound a served text of any output is held to
+    bare = [t for t in parsed if t.metric == "batch_dev"]
+    for t in bare:
+        parsed += [Target(f"{o['name']}.batch_dev", t.op, t.value) for o in artifact.outputs]
+    targets = _target_string(parsed)
     alone_targets = _target_string([t for t in parsed if t.metric.split(".")[-1] not in BATCH_METRICS])
     common = {"data": str(data_file), "latency": False, "threads": threads, "provider": provider}
     alone = validate_artifact(artifact, {**common, "targets": alone_targets or None, "batch_size": 1,
