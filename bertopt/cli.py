@@ -195,7 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     abort, exit_, click_error = _click_exception_types()
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="bertopt", standalone_mode=False)
+        code = command.main(args=argv, prog_name="bertopt", standalone_mode=False)
+        # Typer >= 0.29 turns Ctrl-C into Exit(130) and, outside standalone mode, returns that code
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            if code == 130:
+                err_console.print("aborted")
+            sys.exit(code)
     except UserError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -102,7 +102,7 @@ def test_no_passing_candidate_exits_1_and_writes_no_artifact(tiny_model, tmp_pat
     (["--time-budget", "soon"], "write it like 10m, 90s or 1h30m"),
     (["--candidates", "openvino-int4"], "unknown candidate 'openvino-int4'"),
     (["--targets", "cos_min=high"], "cannot read target"),
-    (["--rounds", "0"], "--rounds"),
+    (["--rounds", "0"], "'rounds' must be at least 1"),
 ])
 def test_bad_options_are_one_line(tiny_model, tmp_path, cli, args, message):
     out = tmp_path / "tuned"
@@ -122,12 +122,18 @@ def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
     assert (out / "notes.txt").read_text() == "keep me"
 
 
+def _default_sigint() -> None:
+    # a process started from a non-interactive shell's background job inherits SIGINT ignored; a user's terminal
+    # delivers it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_no_half_written_artifact(tiny_model, tmp_path):
     out = tmp_path / "tuned"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "tune", str(tiny_model), "--out", str(out), *FAST],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=tmp_path)
+                            cwd=tmp_path, preexec_fn=_default_sigint)
     seen = []
     try:
         for line in proc.stdout:  # interrupt once the first candidate has been gated, mid-run
