@@ -555,7 +555,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
             "task": task,
             "primary_output": primary,
             "targets": targets,
-            "gate": {"data": data_source, "texts": sum(1 for _ in open(gate_file, encoding="utf-8")),
+            "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
                      "runs": ["every text alone (batch 1)",
                               f"batches of {config['batch_size']} + batch invariance (alone vs batches 1/7/32)"],
                      "reference": f"{reference.session.backend} (the original model)"},
