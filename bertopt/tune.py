@@ -337,7 +337,7 @@ def _why_won(winner: Outcome, passed: list[Outcome]) -> str:
         parts.append(f"{ratio:.2f}x the next ({second.name}, {second.figures['texts_per_s']:.1f} texts/s)")
         if ratio < 1.03:
             parts.append("a margin within timing noise on a shared machine")
-    f32 = next((o for o in passed if o.name == "openvino-f32" and o is not winner), None)
+    f32 = next((o for o in passed if o.name == "openvino-f32" and o is not winner and o is not ranked[1]), None)
     if f32 is not None:
         parts.append(f"{rate / f32.figures['texts_per_s']:.2f}x openvino-f32")
     return "; ".join(parts)
