@@ -1,5 +1,5 @@
 # Two entry points, each sets up .venv itself on a fresh machine:
-#   make demo   the main job: the default recipe on the bundled MiniLM, artifacts under artifacts/
+#   make demo   the main job: bertopt tune on the bundled MiniLM (the default recipe), artifacts/minilm-tuned
 #   make test   the whole test suite (slow integration tests included)
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml requirements-real-models.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bertopt run recipes/minilm-faithful-cpu.yaml --out artifacts
+	$(BIN)/bertopt run recipes/minilm-tuned.yaml --out artifacts
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

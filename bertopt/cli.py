@@ -22,8 +22,9 @@ from bertopt.reporting import console, err_console
 app = typer.Typer(
     name="bertopt",
     help="Turn a BERT-family encoder into a validated serving artifact, and serve it.\n\n"
-    "Typical flow: [bold]bertopt run recipes/minilm-faithful-cpu.yaml[/] (export -> prune -> compile -> compare "
-    "-> gate), "
+    "Typical flow: [bold]bertopt tune builtin:minilm --out a/tuned[/] (every candidate that makes sense on this "
+    "machine, gated and timed; the fastest that passes is kept), [bold]bertopt run recipes/minilm-faithful-cpu.yaml[/] "
+    "(export -> prune -> compile -> compare -> gate), "
     "or stage by stage: [bold]bertopt export builtin:minilm --out a/onnx[/], "
     "[bold]bertopt quantize a/onnx --mode fp16 --out a/fp16[/], [bold]bertopt inspect a/fp16[/].",
     no_args_is_help=True,
@@ -105,7 +106,7 @@ _register_stage_commands()
 @app.command("run")
 def run_command(
     recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ "
-                                           "(default: minilm-faithful-cpu)."),
+                                           "(default: minilm-tuned)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
                                         "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the artifacts; each stage writes "
@@ -128,7 +129,15 @@ def run_command(
         def report(step: str, done: int, total: int) -> None:
             progress.update(task, description=step, completed=done, total=total)
 
-        result = run_recipe(rec, model=model, out=out, progress=report, compare=compare)
+        def say(line: str) -> None:
+            progress.console.print(escape(line), highlight=False, soft_wrap=True)
+
+        result = run_recipe(rec, model=model, out=out, progress=report, compare=compare, say=say)
+    if result.tune is not None:
+        from bertopt.tune import print_result
+
+        print_result(result.tune, console)
+        return
     from bertopt.reporting import print_recipe_summary
 
     print_recipe_summary(result, console)
@@ -166,6 +175,7 @@ def stages_command() -> None:
 _COMMAND_MODULES = (
     "bertopt.validate.cli",
     "bertopt.bench",
+    "bertopt.tune",
     "bertopt.serve.cli",
     "bertopt.spark.cli",
     "bertopt.kafka.cli",

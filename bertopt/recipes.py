@@ -9,6 +9,15 @@
     validate:
       targets: cos_min=0.95
 
+Instead of ``stages:`` a recipe may say ``tune:`` (the parameters of ``bertopt tune``): every candidate that makes
+sense on the machine is built, gated and timed, and the fastest that passes is the recipe's artifact
+(``<out>/<name>``, its report in ``<out>/<name>-report``); tune gates every candidate itself, so such a recipe
+has no ``validate:``.
+
+    name: minilm-tuned
+    model: builtin:minilm
+    tune: {time_budget: 4m}
+
 Every key is checked: an unknown key or a bad value is an error naming the key and where it is. ``name`` is a
 plain name (it names the folder ``OUT/<name>``); ``out`` is the default for ``--out`` (relative to the current
 folder). The file is read with limits (1 MiB, 64 levels, 100,000 values once YAML aliases are expanded), so a
@@ -27,8 +36,8 @@ from typing import Any, Callable
 from bertopt.errors import UserError
 from bertopt.params import resolve_config
 
-RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate")
-DEFAULT_RECIPE = "minilm-faithful-cpu"  # faithful and batch-invariant on every CPU (benchmarks/default_candidates.py)
+RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate", "tune")
+DEFAULT_RECIPE = "minilm-tuned"  # the fastest artifact that passes the gate on the machine it runs on (bertopt tune)
 
 
 @dataclass
@@ -40,6 +49,7 @@ class Recipe:
     description: str = ""
     out: str | None = None
     path: Path | None = None
+    tune: dict[str, Any] | None = None  # a tune recipe: bertopt tune's parameters instead of stages
 
 
 @dataclass
@@ -48,6 +58,7 @@ class RecipeResult:
     artifacts: list[Any] = field(default_factory=list)
     comparison: dict[str, Any] = field(default_factory=dict)
     validation: dict[str, Any] | None = None
+    tune: Any = None  # a tune recipe's TuneResult
 
     @property
     def final(self):
@@ -173,6 +184,8 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
     unknown = [k for k in data if k not in RECIPE_KEYS]
     if unknown:
         raise UserError(f"{where}: unknown key '{unknown[0]}'; allowed keys: {', '.join(RECIPE_KEYS)}")
+    if "tune" in data:
+        return _parse_tune_recipe(data, where, path)
     if "stages" not in data or not isinstance(data["stages"], list) or not data["stages"]:
         raise UserError(f"{where}: 'stages' must be a non-empty list like "
                         "[{export: {}}, {quantize: {mode: fp16}}]")
@@ -199,6 +212,14 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
             from bertopt.validate.targets import parse_targets
 
             parse_targets(validate["targets"])
+    name, model, out = _name_model_out(data, where, path)
+    return Recipe(name=name, model=model, stages=stages, validate=validate,
+                  description=str(data.get("description", "")), out=out, path=path)
+
+
+def _name_model_out(data: dict, where: str, path: Path | None) -> tuple[str, str, Any]:
+    """The keys every recipe has, checked: ``name`` a plain name (it names ``OUT/<name>``), ``model`` a model
+    spec, ``out`` a folder path."""
     model = data.get("model", "builtin:minilm")
     if not isinstance(model, str) or not model.strip():
         raise UserError(f"{where}: 'model' must be a model path or builtin:NAME, got {model!r:.60}")
@@ -206,18 +227,38 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
     out = data.get("out")
     if out is not None and (not isinstance(out, str) or not out.strip()):
         raise UserError(f"{where}: 'out' must be a folder path (the default for --out), got {out!r:.60}")
-    return Recipe(name=name, model=model, stages=stages, validate=validate,
-                  description=str(data.get("description", "")), out=out, path=path)
+    return name, model, out
+
+
+def _parse_tune_recipe(data: dict, where: str, path: Path | None) -> Recipe:
+    from bertopt.tune import TUNE_PARAMS
+
+    for key in ("stages", "validate"):
+        if key in data:
+            raise UserError(f"{where}: a recipe with 'tune' has no '{key}' (tune builds and gates its own "
+                            "candidates); drop one of them")
+    tune = data["tune"] if data["tune"] is not None else {}
+    if not isinstance(tune, dict):
+        raise UserError(f"{where}: 'tune' must be a mapping of tune parameters, e.g. {{time_budget: 5m}}")
+    tune = dict(tune)
+    if isinstance(tune.get("targets"), dict):  # targets may be written as a mapping too
+        tune["targets"] = ",".join(f"{k}={v}" for k, v in tune["targets"].items())
+    name, model, out = _name_model_out(data, where, path)
+    return Recipe(name=name, model=model, stages=[], validate=None,
+                  description=str(data.get("description", "")), out=out, path=path,
+                  tune=resolve_config(TUNE_PARAMS, tune, f"{where}: tune"))
 
 
 ProgressFn = Callable[[str, int, int], None]
 
 
 def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, out: str | os.PathLike | None = None,
-               progress: ProgressFn | None = None, compare: bool = True, gate: bool = True) -> RecipeResult:
+               progress: ProgressFn | None = None, compare: bool = True, gate: bool = True,
+               say: Callable[[str], None] | None = None) -> RecipeResult:
     """Run every stage in order (each output folder ``<out>/<name>/<NN>-<stage>``; ``out``: the argument, else
     the recipe's ``out:``, else ``artifacts``), then compare the final artifact with the original model on the
-    built-in corpus, and run the recipe's ``validate:`` gate."""
+    built-in corpus, and run the recipe's ``validate:`` gate. A ``tune:`` recipe runs ``bertopt tune`` instead
+    (its artifact ``<out>/<name>``; it always gates, ``compare``/``gate`` aside)."""
     from bertopt.output_paths import output_lock
     from bertopt.registry import get_stage, resolve_input
 
@@ -227,6 +268,13 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
     base = recipe_base(recipe, out)
     check_recipe(recipe, base, model=source_spec)  # the whole recipe, before its first stage writes anything
     result = RecipeResult(recipe)
+    if recipe.tune is not None:
+        from bertopt.tune import run_tune
+
+        # outside the recipe's lock: tune's own artifact writer takes the lock on <out>/<name>
+        result.tune = run_tune(source_spec, base, recipe.tune, overwrite=True, say=say, progress=progress)
+        result.artifacts.append(result.tune.artifact)
+        return result
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
     with output_lock(base):  # one recipe run writes under this folder at a time
         check_recipe_outputs(recipe, base, source_spec)  # again, now that nobody else can write there

@@ -15,7 +15,7 @@ RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("recipes").glob("*
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_shipped_recipes_are_valid(path):
     recipe = load_recipe(path)
-    assert recipe.stages and recipe.name == path.stem
+    assert (recipe.stages or recipe.tune is not None) and recipe.name == path.stem
 
 
 def _write(tmp_path, text):
@@ -34,6 +34,12 @@ def _write(tmp_path, text):
     ("stages: [export]\nvalidate: {targets: 'cos_min=high'}\n", "cannot read target"),
     ("stages:\n  - export: {opset: 11}\n", "'opset' must be between 17 and 21"),
     ("stages: [export\n", "not valid YAML"),
+    ("tune: {time_budget: 5m}\nstages: [export]\n", "a recipe with 'tune' has no 'stages'"),
+    ("tune: {time_budget: 5m}\nvalidate: {targets: cos_min=0.99}\n", "a recipe with 'tune' has no 'validate'"),
+    ("tune: {time_budget: soon}\n", "tune: 'time_budget' is not a duration"),
+    ("tune: {candidates: [openvino-int4]}\n", "tune: 'candidates' names unknown candidate 'openvino-int4'"),
+    ("tune: {rounds: 0}\n", "tune: 'rounds' must be at least 1"),
+    ("tune: [time_budget]\n", "'tune' must be a mapping"),
 ])
 def test_bad_recipes_name_the_problem(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
@@ -84,3 +90,9 @@ def test_a_recipe_file_over_the_size_cap_is_refused_unread(tmp_path):
         fh.truncate(64 << 20)  # sparse: 64 MiB of NUL bytes
     with pytest.raises(UserError, match="too large for a recipe"):
         load_recipe(path)
+
+
+def test_a_tune_recipe(tmp_path):
+    r = load_recipe(_write(tmp_path, "model: builtin:mpnet\ntune:\n  time_budget: 5m\n  targets: {cos_min: 0.99}\n"))
+    assert r.stages == [] and r.validate is None and r.model == "builtin:mpnet"
+    assert r.tune["time_budget"] == "5m" and r.tune["targets"] == "cos_min=0.99" and r.tune["rounds"] == 5

@@ -1,0 +1,794 @@
+"""``bertopt tune``: the fastest artifact that passes the gate, on the machine it runs on.
+
+It reads the machine (CPU vector features, GPU providers ONNX Runtime really has) and builds only the candidates
+that make sense there, from one shared prefix (export, prune) and, for ONNX Runtime, one shared ``optimize``:
+
+* ``openvino-f32`` (every CPU), ``openvino-bf16`` (AVX-512 BF16 or AMX: where bf16 is native),
+* ``openvino-int8-static`` and ``openvino-int8-accurate`` (VNNI / AMX int8 dot product),
+* ``onnxruntime-fp32`` (fused) and ``onnxruntime-int8`` (dynamic, per channel),
+* ``onnxruntime-fp16-cuda`` (only where ONNX Runtime has a CUDA provider).
+
+Each candidate is held against the ORIGINAL model by the release gate (``bertopt.validate.gate``), on the built-in
+corpus plus ``mixed_text`` (plus the user's texts): once with every text alone (batch 1) and once in batches of
+32 with the batch-invariance check. The default targets (embeddings): cosine min >= 0.995 both ways and
+``batch_dev <= 1e-3``; task models: the gate's defaults for their output plus the task's own metric (see
+``default_tune_targets``). A candidate a stage refuses (``UserError``) is one line, "refused: <reason>", and tune
+goes on. The candidates that pass are timed side by side, rounds interleaved, on the user's texts (``--data``) or
+the built-in mixed text; the fastest is written to ``--out`` atomically (temp folder + rename), its manifest
+recording the machine, every candidate's figures and why it won, and a report goes beside it (tune.json,
+tune.md, tune.html with a speed-vs-fidelity plot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bertopt.errors import GateFailed, UserError
+from bertopt.params import BATCH_SIZE, THREADS, Param
+
+SAY = Callable[[str], None]
+
+
+def parse_duration(value: str) -> float:
+    """'10m', '90s', '1h', '1h30m' or a plain number of seconds -> seconds."""
+    text = str(value).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(h|m|s)", text)
+        if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*(h|m|s)", "", text).strip():
+            raise UserError(f"time budget {value!r} is not a duration; write it like 10m, 90s or 1h30m")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise UserError(f"time budget {value!r} must be more than 0 seconds; write it like 10m or 90s")
+    return seconds
+
+
+def _duration_ok(value: str) -> str | None:
+    try:
+        parse_duration(value)
+    except UserError as exc:
+        return str(exc).replace(f"time budget {value!r} ", "")
+    return None
+
+
+def _targets_ok(value: str) -> str | None:
+    from bertopt.validate.targets import parse_targets
+
+    try:
+        parse_targets(value)
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+CANDIDATE_NAMES = ("openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda",
+                   "openvino-int8-static", "openvino-int8-accurate")
+
+TUNE_PARAMS = [
+    Param("task", str, None, "What the model computes (default: detected from the folder), as for 'bertopt export "
+          "--task'."),
+    Param("data", str, None, "Your texts (.txt one a line / .jsonl / .csv / .parquet): the candidates are timed on "
+          "their lengths and gated on them too (default: the built-in mixed text).", file=True),
+    Param("text_column", str, "text", "Text column of a JSONL/CSV/Parquet --data file."),
+    Param("targets", str, None, "Gate thresholds every candidate must meet, alone and in batches, as for 'bertopt "
+          "validate --targets' (default for embeddings: cos_min>=0.995,batch_dev<=1e-3; task models: their task "
+          "metric, see docs/tune.md).", check=_targets_ok),
+    Param("time_budget", str, "10m", "Bound on the whole run (10m, 90s, 1h): when it is spent the remaining "
+          "candidates are skipped, once at least one has passed.", check=_duration_ok),
+    Param("candidates", list, None, "Only these candidates, comma-separated (default: every one that makes sense "
+          "on this machine). Names: " + ", ".join(CANDIDATE_NAMES) + ".",
+          check=lambda v: next((f"names unknown candidate '{c}'; known: {', '.join(CANDIDATE_NAMES)}"
+                                for c in v if c not in CANDIDATE_NAMES), None) if v is not None else None),
+    Param("rounds", int, 5, "Timing rounds (interleaved: A B C A B C ...); the median round counts.", min=1),
+    Param("max_texts", int, None, "Use at most this many texts of each set (built-in corpus, mixed text, --data) "
+          "for the gate and the timing (default: all).", min=8),
+    THREADS,
+    BATCH_SIZE,
+]
+
+# accuracy target the int8 quantisers aim at on their calibration text: a margin over the gate's 0.995 on texts
+# they never see (recipes/minilm-int8-accurate.yaml)
+INT8_ACCURACY_TARGET = "cos_min=0.997"
+GATE_BATCH_DEV = 1e-3
+GATE_COS_MIN = 0.995
+
+
+def default_tune_targets(task: str, kind: str) -> str:
+    """What a candidate must meet when --targets is not given: the gate's defaults for the output's kind, the
+    task's own fidelity metric, and batch invariance at 1e-3 (1 - cosine of a text alone vs in batches)."""
+    from bertopt.validate.gate import default_targets
+
+    if task == "embedding":
+        return f"cos_min>={GATE_COS_MIN},batch_dev<={GATE_BATCH_DEV:g}"
+    extra = {"classification": "", "token-classification": "token_label_agreement>=0.99",
+             "rerank": "spearman>=0.99", "sparse-embedding": "term_overlap_at_10>=0.9"}.get(task, "")
+    return ",".join(t for t in (default_targets(kind), extra, f"batch_dev<={GATE_BATCH_DEV:g}") if t)
+
+
+@dataclass
+class Candidate:
+    name: str
+    steps: list[tuple[str, dict[str, Any]]]  # after the shared prefix (export, prune)
+    runtime: str
+    precision: str
+    provider: str = "cpu"
+    why: str = ""  # why it is built on this machine
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # passed, failed, refused, skipped, not built
+    reason: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    artifact: Any = None
+    candidate: Candidate | None = None
+    build_s: float = 0.0
+    gate_s: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        out = {"name": self.name, "status": self.status, "reason": self.reason, **self.figures,
+               "build_s": round(self.build_s, 2), "gate_s": round(self.gate_s, 2)}
+        if self.candidate is not None:
+            out.update(runtime=self.candidate.runtime, precision=self.candidate.precision,
+                       provider=self.candidate.provider,
+                       steps=[{name: cfg} for name, cfg in self.candidate.steps])
+        return out
+
+
+def gpu_providers() -> list[str]:
+    """The GPU execution providers the installed ONNX Runtime really has (CUDA, TensorRT)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return []
+    return [p for p in ort.get_available_providers() if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
+
+
+def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = None, only: list[str] | None = None,
+                    calibration_data: str | None = None) -> tuple[list[Candidate], list[Outcome]]:
+    """The candidates worth building on this machine (cheapest first, so a passing one exists early when the
+    budget is short), and those left out with why."""
+    from bertopt.records import cpu_features
+
+    features = cpu_features() if features is None else set(features)
+    gpus = gpu_providers() if gpus is None else gpus
+    int8_dot = bool(features & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    bf16 = bool(features & {"avx512_bf16", "amx_bf16"})
+    named = ", ".join(sorted(features)) or "no AVX-512/VNNI/AMX features read"
+    ov = {"runtime": "openvino", "performance_hint": "LATENCY"}
+    static = {"mode": "int8-static", "runtime": "openvino", "accuracy_target": INT8_ACCURACY_TARGET}
+    if calibration_data:
+        static["calibration_data"] = calibration_data
+    accurate = {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul", "Gather"],
+                "weight_rounding": "gptq", "accuracy_target": INT8_ACCURACY_TARGET, "accuracy_group": 1}
+    table = [
+        (Candidate("openvino-f32", [("compile", {**ov, "inference_precision": "f32"})], "openvino", "f32",
+                   why="every CPU"), None),
+        # the gate decides fidelity; compile's own drift check would refuse at 0.999 what the gate accepts
+        (Candidate("openvino-bf16", [("compile", {**ov, "inference_precision": "bf16", "min_cosine": 0.99})],
+                   "openvino", "bf16", why="bf16 is native (AVX-512 BF16 / AMX)"),
+         None if bf16 else "bf16 is not native on this CPU (no AVX-512 BF16 / AMX): OpenVINO would run it as f32"),
+        (Candidate("onnxruntime-fp32", [("optimize", {})], "onnxruntime", "fp32", why="every CPU"), None),
+        (Candidate("onnxruntime-int8", [("optimize", {}), ("quantize", {"mode": "int8-dynamic", "per_channel": True})],
+                   "onnxruntime", "int8-dynamic", why="int8 dot product (VNNI / AMX)"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX): ONNX Runtime's u8s8 int8 kernels saturate"),
+        (Candidate("onnxruntime-fp16-cuda", [("optimize", {}), ("quantize", {"mode": "fp16"})], "onnxruntime", "fp16",
+                   provider="cuda", why="ONNX Runtime has " + ", ".join(gpus)),
+         None if "CUDAExecutionProvider" in gpus else "no CUDA provider in this ONNX Runtime (no usable GPU)"),
+        (Candidate("openvino-int8-static", [("quantize", static)], "openvino", "int8-static",
+                   why="int8 dot product (VNNI / AMX)"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
+        (Candidate("openvino-int8-accurate", [("quantize", accurate)], "openvino", "int8-dynamic",
+                   why="int8 dot product (VNNI / AMX)"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
+    ]
+    chosen, left_out = [], []
+    for cand, missing in table:
+        if only is not None and cand.name not in only:
+            continue
+        if missing:
+            left_out.append(Outcome(cand.name, "not built", f"{missing} (CPU: {named})", candidate=cand))
+        else:
+            chosen.append(cand)
+    return chosen, left_out
+
+
+class _MemoReference:
+    """The reference Predictor, each run kept: every candidate is gated against the same outputs of the original
+    model, computed once."""
+
+    def __init__(self, predictor):
+        self._predictor = predictor
+        self._runs: dict[Any, Any] = {}
+
+    def run(self, texts, pairs=None, outputs=None, **kwargs):
+        key = (tuple(texts), tuple(pairs) if pairs is not None else None, tuple(outputs or ()),
+               tuple(sorted(kwargs.items())))
+        if key not in self._runs:
+            self._runs[key] = self._predictor.run(texts, pairs, outputs=outputs, **kwargs)
+        return self._runs[key]
+
+    def __getattr__(self, name):
+        return getattr(self._predictor, name)
+
+
+def _target_string(targets) -> str:
+    return ",".join(f"{t.metric}{t.op}{t.value:.10g}" for t in targets)
+
+
+def _figures(alone: dict[str, Any], batched: dict[str, Any], primary: str) -> dict[str, Any]:
+    """The numbers a reader compares candidates by: fidelity alone and batched, batch deviation, task metrics."""
+    keep = ("cos_min", "cos_mean", "max_abs", "top1_agreement", "max_prob_diff", "token_label_agreement",
+            "entity_f1", "ndcg_at_10", "spearman", "term_overlap_at_10", "neighbour_agreement_at_10")
+    out: dict[str, Any] = {"primary_output": primary}
+    for label, result in (("alone", alone), ("batched", batched)):
+        metrics = result["metrics"]
+        for key in keep:
+            if key in metrics:
+                out[f"{key}_{label}"] = metrics[key]
+    if batched.get("batch_invariance"):  # the worst over every output, as the manifest records it
+        out["batch_dev"] = batched["batch_invariance"]["batch_dev"]
+        out["batch_dev_primary"] = batched["metrics"]["batch_dev"]
+    cos = [out[k] for k in ("cos_min_alone", "cos_min_batched") if k in out]
+    if cos:
+        out["cos_min"] = min(cos)
+    out["failed_checks"] = [f"{c['name']} ({label}: {c['message']})"
+                            for label, result in (("alone", alone), ("batched", batched))
+                            for c in result["checks"] if not c["passed"]]
+    return out
+
+
+def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report_dir: Path, threads: int | None,
+                   provider: str, batch_size: int) -> tuple[bool, dict[str, Any]]:
+    """The release gate twice: every text alone (batch 1), then in batches of ``batch_size`` with the batch
+    invariance check (recorded last, so the manifest's ``validation.batch_invariance`` is the batched run's)."""
+    from bertopt.validate.gate import validate_artifact
+    from bertopt.validate.targets import BATCH_METRICS, Target, parse_targets
+
+    parsed = parse_targets(targets)
+    # a bare batch_dev bounds every output, not just the primary one: the manifest records the worst over all
+    # of them, and that is the bound a served text of any output is held to
+    bare = [t for t in parsed if t.metric == "batch_dev"]
+    for t in bare:
+        parsed += [Target(f"{o['name']}.batch_dev", t.op, t.value) for o in artifact.outputs]
+    targets = _target_string(parsed)
+    alone_targets = _target_string([t for t in parsed if t.metric.split(".")[-1] not in BATCH_METRICS])
+    common = {"data": str(data_file), "latency": False, "threads": threads, "provider": provider}
+    alone = validate_artifact(artifact, {**common, "targets": alone_targets or None, "batch_size": 1,
+                                         "batch_check": False},
+                              report_dir / "alone", raise_on_fail=False, reference=reference)
+    batched = validate_artifact(artifact, {**common, "targets": targets, "batch_size": batch_size,
+                                           "batch_check": True},
+                                report_dir / "batched", raise_on_fail=False, reference=reference)
+    return alone["passed"] and batched["passed"], _figures(alone, batched, batched["primary_output"])
+
+
+def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str] | None, *, rounds: int,
+                      threads: int | None, batch_size: int, deadline: float, say: SAY,
+                      progress: Callable[[], None] | None = None) -> int:
+    """texts/s of each passing candidate on ``texts``: warm-up, then rounds interleaved (the order rotates each
+    round so none is always first); the median round counts. Stops after the round in which the deadline passes
+    (at least one round). Returns the rounds run."""
+    from bertopt.bench import time_call
+    from bertopt.runtime import Predictor
+
+    preds = {o.name: Predictor(o.artifact, provider=o.candidate.provider, threads=threads, batch_size=batch_size,
+                               verify=False) for o in outcomes}
+    for o in outcomes:
+        p = preds[o.name]
+        p.run(texts[: batch_size * 2], pairs[: batch_size * 2] if pairs else None, outputs=[p.primary_output])
+    times: dict[str, list[float]] = {o.name: [] for o in outcomes}
+    done = 0
+    for r in range(rounds):
+        order = outcomes[r % len(outcomes):] + outcomes[: r % len(outcomes)]
+        for o in order:
+            p = preds[o.name]
+            times[o.name].append(time_call(lambda p=p: p.run(texts, pairs, outputs=[p.primary_output])))
+        done += 1
+        if progress:
+            progress()
+        if time.monotonic() > deadline and r + 1 < rounds:
+            say(f"time budget spent: timing stopped after {done} of {rounds} rounds")
+            break
+    for o in outcomes:
+        rates = [len(texts) / t for t in times[o.name]]
+        o.figures.update(texts_per_s=len(texts) / statistics.median(times[o.name]), texts_per_s_rounds=rates)
+    return done
+
+
+def _gate_data(data: str | None, text_column: str, max_texts: int | None, work: Path) -> tuple[Path, list[str], str]:
+    """The gate's texts written to one JSONL file (built-in corpus + mixed text + the user's texts) and the
+    timing texts (the user's, or the built-in mixed text)."""
+    from bertopt.data import corpus, mixed_text
+    from bertopt.validate.data import load_texts
+
+    def cap(texts: list[str]) -> list[str]:
+        return texts if max_texts is None else texts[:max_texts]
+
+    built_in = cap([t for t in corpus() if t.strip()]) + cap([t for t in mixed_text() if t.strip()])
+    user = cap(load_texts(data, text_column).texts) if data else []
+    timing = user or cap([t for t in mixed_text() if t.strip()])
+    file = work / "gate-texts.jsonl"
+    with open(file, "w", encoding="utf-8") as fh:
+        for text in built_in + user:
+            fh.write(json.dumps({"text": text}) + "\n")
+    source = "built-in corpus + mixed_text" + (f" + {data}" if data else "")
+    return file, timing, source
+
+
+def _why_won(winner: Outcome, passed: list[Outcome]) -> str:
+    ranked = sorted(passed, key=lambda o: -o.figures["texts_per_s"])
+    rate = winner.figures["texts_per_s"]
+    parts = [f"fastest of {len(passed)} candidate(s) that passed the gate: {rate:.1f} texts/s"]
+    if len(ranked) > 1:
+        second = ranked[1]
+        ratio = rate / second.figures["texts_per_s"]
+        parts.append(f"{ratio:.2f}x the next ({second.name}, {second.figures['texts_per_s']:.1f} texts/s)")
+        if ratio < 1.03:
+            parts.append("a margin within timing noise on a shared machine")
+    f32 = next((o for o in passed if o.name == "openvino-f32" and o is not winner and o is not ranked[1]), None)
+    if f32 is not None:
+        parts.append(f"{rate / f32.figures['texts_per_s']:.2f}x openvino-f32")
+    return "; ".join(parts)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    from bertopt.artifact import is_artifact
+    from bertopt.errors import check_writable
+
+    if out.exists():
+        if not out.is_dir():
+            raise UserError(f"--out {out} is a file; choose a folder name")
+        if not overwrite:
+            what = "an artifact" if is_artifact(out) else "a folder"
+            raise UserError(f"output folder {out} already exists ({what}); choose another --out or pass --force "
+                            "to replace it")
+        if not is_artifact(out) and any(out.iterdir()):
+            raise UserError(f"output folder {out} exists and is not a bertopt artifact; refusing to replace it")
+    check_writable(out, "--out")
+
+
+REPORT_FILES = {"tune.json", "tune.md", "tune.html", "gate-texts.jsonl", "candidates"}
+
+
+def _check_report_dir(report_dir: Path) -> None:
+    from bertopt.errors import check_writable
+
+    if report_dir.exists():
+        if not report_dir.is_dir():
+            raise UserError(f"report folder {report_dir} is a file; choose another --report-dir")
+        if {p.name for p in report_dir.iterdir()} - REPORT_FILES:
+            raise UserError(f"report folder {report_dir} exists and holds something other than a bertopt tune "
+                            "report; choose another --report-dir")
+    check_writable(report_dir, "--report-dir")
+
+
+def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:
+    """The winner's folder moved next to ``out`` under a temp name, the tune record added to its manifest, checked,
+    then renamed into place (an existing artifact there is moved aside first): a reader never sees half an
+    artifact, and an interruption leaves only a hidden temp folder that is removed."""
+    from bertopt.artifact import MANIFEST_NAME, Artifact
+    from bertopt.records import write_json
+
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    old = None
+    try:
+        shutil.copytree(winner.artifact.path, tmp)
+        manifest = json.loads((tmp / MANIFEST_NAME).read_text())
+        manifest["tune"] = record
+        write_json(tmp / MANIFEST_NAME, manifest)
+        Artifact.load(tmp)  # every file's hash, as a user will load it
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+@dataclass
+class TuneResult:
+    artifact: Any
+    record: dict[str, Any]
+    report_dir: Path
+
+
+def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None = None, *,
+             report_dir: str | os.PathLike | None = None, overwrite: bool = False, say: SAY | None = None,
+             progress: Callable[[str, float, float], None] | None = None, features: set[str] | None = None,
+             gpus: list[str] | None = None) -> TuneResult:
+    """Build, gate and time the candidates for ``source``; write the fastest that passes to ``out`` and the report
+    to ``report_dir`` (default ``<out>-report``). Raises GateFailed when no candidate passes (the report is
+    written first). ``say`` gets one line per event; ``progress(description, done, total)``."""
+    from bertopt.artifact import Artifact
+    from bertopt.params import resolve_config
+    from bertopt.records import machine_info
+    from bertopt.registry import get_stage, preflight_stage, resolve_input, run_stage
+
+    t_start = time.monotonic()
+    config = resolve_config(TUNE_PARAMS, config, "tune")
+    say = say or (lambda _line: None)
+    out = Path(out).absolute()
+    report_dir = Path(report_dir).absolute() if report_dir else out.parent / f"{out.name}-report"
+    budget = parse_duration(config["time_budget"])
+    deadline = t_start + budget
+    _check_out(out, overwrite)
+    _check_report_dir(report_dir)
+    if config["data"]:
+        from bertopt.validate.data import load_texts
+
+        load_texts(config["data"], config["text_column"])  # a bad file fails now, before any model work
+    candidates, outcomes = plan_candidates(features, gpus, config["candidates"], config["data"])
+    if not candidates:
+        raise UserError("no candidate can be built on this machine with the given --candidates; "
+                        "drop --candidates or name one of " + ", ".join(CANDIDATE_NAMES[:3]))
+    for cand in candidates:
+        for name, cfg in cand.steps:
+            preflight_stage(get_stage(name), resolve_config(get_stage(name).PARAMS, cfg, f"{cand.name}: {name}"),
+                            f"{cand.name}: {name}")
+    for o in outcomes:
+        say(f"{o.name}: not built: {o.reason}")
+
+    work = out.parent / f".{out.name}.tune-work-{uuid.uuid4().hex[:8]}"
+    total = len(candidates) + 2
+    step = [0.0]
+
+    def tick(text: str, amount: float = 0.0) -> None:
+        step[0] += amount
+        if progress:
+            progress(text, step[0], total)
+
+    try:
+        work.mkdir(parents=True)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(report_dir / "candidates", ignore_errors=True)  # a previous run's, replaced
+        gate_file, timing_texts, data_source = _gate_data(config["data"], config["text_column"],
+                                                          config["max_texts"], report_dir)
+        tick("export + prune (shared by every candidate)")
+        source_input = resolve_input(source)
+        export_cfg = {"opset": 17, **({"task": config["task"]} if config["task"] else {})}
+        t0 = time.monotonic()
+        exported = run_stage("export", source_input, export_cfg, work / "01-export")
+        pruned = run_stage("prune", exported, {}, work / "02-prune")
+        prefix_s = time.monotonic() - t0
+        say(f"export + prune: {prefix_s:.1f} s ({exported.model_info.get('family')}, "
+            f"{exported.model_info.get('task')})")
+        task = pruned.model_info.get("task", "embedding")
+        from bertopt.runtime.tasks import task_of, task_output
+
+        primary = pruned.primary_output if task_of(pruned) == "embedding" else task_output(pruned, task_of(pruned))
+        targets = config["targets"] or default_tune_targets(task, pruned.output_kinds.get(primary, "embedding"))
+        from bertopt.validate.reference import reference_predictor
+
+        reference = _MemoReference(reference_predictor(pruned, threads=config["threads"], batch_size=32))
+        tick("candidates", 1)
+        built: dict[tuple, Any] = {}
+
+        def build(cand: Candidate):
+            current, key = pruned, ()
+            for name, cfg in cand.steps:
+                key = key + ((name, json.dumps(cfg, sort_keys=True)),)
+                if key not in built:
+                    folder = work / f"{len(built) + 3:02d}-{cand.name}-{name}"
+                    built[key] = run_stage(name, current, cfg, folder)
+                current = built[key]
+            return current
+
+        ran: list[Outcome] = []
+        for cand in candidates:
+            passed_so_far = [o for o in ran if o.status == "passed"]
+            if time.monotonic() > deadline:
+                if passed_so_far:
+                    line = f"time budget ({config['time_budget']}) spent"
+                    ran.append(Outcome(cand.name, "skipped", line, candidate=cand))
+                    say(f"{cand.name}: skipped: {line}")
+                    tick(f"skipped {cand.name}", 1)
+                    continue
+                say(f"time budget ({config['time_budget']}) spent but no candidate has passed yet; going on with "
+                    f"{cand.name}")
+            tick(f"{cand.name}: build")
+            outcome = Outcome(cand.name, "refused", candidate=cand)
+            t0 = time.monotonic()
+            try:
+                outcome.artifact = build(cand)
+            except UserError as exc:
+                outcome.reason = str(exc)
+                outcome.build_s = time.monotonic() - t0
+                say(f"{cand.name}: refused: {exc}")
+                ran.append(outcome)
+                tick(f"{cand.name}: refused", 1)
+                continue
+            outcome.build_s = time.monotonic() - t0
+            tick(f"{cand.name}: gate (alone, then batched)")
+            t0 = time.monotonic()
+            try:
+                ok, figures = gate_candidate(outcome.artifact, data_file=gate_file, targets=targets,
+                                             reference=reference, report_dir=report_dir / "candidates" / cand.name,
+                                             threads=config["threads"], provider=cand.provider,
+                                             batch_size=config["batch_size"])
+            except UserError as exc:  # e.g. the runtime cannot open it on this machine
+                outcome.reason = f"the gate could not run it: {exc}"
+                outcome.gate_s = time.monotonic() - t0
+                say(f"{cand.name}: refused: {outcome.reason}")
+                ran.append(outcome)
+                tick(f"{cand.name}: refused", 1)
+                continue
+            outcome.gate_s = time.monotonic() - t0
+            outcome.figures = figures
+            outcome.status = "passed" if ok else "failed"
+            summary = _figure_line(figures)
+            if ok:
+                say(f"{cand.name}: passed the gate ({summary})")
+            else:
+                outcome.reason = "; ".join(figures["failed_checks"])
+                say(f"{cand.name}: failed the gate: {outcome.reason}")
+            ran.append(outcome)
+            tick(f"{cand.name}: {outcome.status}", 1)
+
+        passed = [o for o in ran if o.status == "passed"]
+        rounds = 0
+        if passed:
+            tick(f"timing {len(passed)} candidate(s) side by side")
+            per_round = 1.0 / config["rounds"]
+            rounds = time_side_by_side(passed, timing_texts, _timing_pairs(pruned, timing_texts),
+                                       rounds=config["rounds"], threads=config["threads"],
+                                       batch_size=config["batch_size"], deadline=deadline, say=say,
+                                       progress=lambda: tick("timing", per_round))
+        winner = max(passed, key=lambda o: o.figures["texts_per_s"]) if passed else None
+        record = {
+            "source": str(source),
+            "family": pruned.model_info.get("family"),
+            "task": task,
+            "primary_output": primary,
+            "targets": targets,
+            "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
+                     "runs": ["every text alone (batch 1)",
+                              f"batches of {config['batch_size']} + batch invariance (alone vs batches 1/7/32)"],
+                     "reference": f"{reference.session.backend} (the original model)"},
+            "timing": {"texts": len(timing_texts), "data": config["data"] or "built-in mixed_text",
+                       "rounds": rounds, "batch_size": config["batch_size"], "threads": config["threads"],
+                       "interleaved": True},
+            "machine": machine_info(),
+            "gpu_providers": gpus if gpus is not None else gpu_providers(),
+            "time_budget_s": budget,
+            "prefix_s": round(prefix_s, 2),
+            "candidates": [o.record() for o in ran + outcomes],
+            "winner": winner.name if winner else None,
+            "why": _why_won(winner, passed) if winner else "no candidate passed the gate",
+        }
+        artifact = None
+        if winner is not None:
+            tick(f"writing {winner.name} to {out}")
+            record["wall_time_s"] = round(time.monotonic() - t_start, 1)
+            artifact = Artifact.load(_write_chosen(winner, out, record))
+        record["wall_time_s"] = round(time.monotonic() - t_start, 1)
+        write_reports(record, report_dir, out if winner else None)
+        tick("done", 1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if winner is None:
+        raise GateFailed(f"no candidate passed the gate ({targets}); figures and reasons in "
+                         f"{report_dir / 'tune.md'}")
+    return TuneResult(artifact, record, report_dir)
+
+
+def _timing_pairs(artifact, texts: list[str]) -> list[str] | None:
+    """A reranker is timed on (query, passage) pairs: each text paired with the next."""
+    from bertopt.runtime.tasks import task_of
+
+    if task_of(artifact) != "rerank":
+        return None
+    return texts[1:] + texts[:1]
+
+
+def _figure_line(f: dict[str, Any]) -> str:
+    parts = []
+    if "cos_min_alone" in f:
+        parts.append(f"cos min alone {f['cos_min_alone']:.5f}, batched {f.get('cos_min_batched', float('nan')):.5f}")
+    for key in ("top1_agreement", "token_label_agreement", "spearman", "term_overlap_at_10"):
+        if f"{key}_batched" in f:
+            parts.append(f"{key.replace('_', ' ')} {f[f'{key}_batched']:.4f}")
+    if "batch_dev" in f:
+        parts.append(f"batch dev {f['batch_dev']:.2g}")
+    return ", ".join(parts)
+
+
+# -- reports -------------------------------------------------------------------------------------------------------
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def markdown_table(record: dict[str, Any]) -> str:
+    rows = ["| candidate | status | texts/s | cos min alone | cos min batched | batch dev | task metric | "
+            "build s | gate s | why |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for c in record["candidates"]:
+        task_metric = next((f"{k[:-8]} {c[k]:.4f}" for k in ("top1_agreement_batched",
+                            "token_label_agreement_batched", "spearman_batched", "term_overlap_at_10_batched")
+                            if k in c), "-")
+        why = c["reason"] or ("**winner**: " + record["why"] if c["name"] == record["winner"] else "")
+        rows.append(f"| {c['name']} | {c['status']} | {_fmt(c.get('texts_per_s'), '.1f')} | "
+                    f"{_fmt(c.get('cos_min_alone'), '.5f')} | {_fmt(c.get('cos_min_batched'), '.5f')} | "
+                    f"{_fmt(c.get('batch_dev'), '.2g')} | {task_metric} | {_fmt(c.get('build_s'), '.1f')} | "
+                    f"{_fmt(c.get('gate_s'), '.1f')} | {why.replace('|', '/')} |")
+    m = record["machine"]
+    head = [f"# bertopt tune: {record['source']}", "",
+            f"Winner: **{record['winner'] or 'none'}** — {record['why']}.", "",
+            f"Machine: {m.get('cpu_model', m.get('processor', '?'))}, {m.get('usable_cores')} usable cores, CPU "
+            f"features {', '.join(m.get('cpu_features', [])) or 'none read'}; GPU providers: "
+            f"{', '.join(record['gpu_providers']) or 'none'}.", "",
+            f"Gate ({record['task']}, output `{record['primary_output']}`): `{record['targets']}` against "
+            f"{record['gate']['reference']} on {record['gate']['texts']} texts ({record['gate']['data']}), "
+            f"{' and '.join(record['gate']['runs'])}.", "",
+            f"Timing: {record['timing']['texts']} texts ({record['timing']['data']}), batch "
+            f"{record['timing']['batch_size']}, {record['timing']['rounds']} interleaved rounds, median. "
+            f"Wall time {record.get('wall_time_s', 0):.0f} s (budget {record['time_budget_s']:.0f} s).", ""]
+    return "\n".join(head + rows) + "\n"
+
+
+def _plot(record: dict[str, Any]) -> bytes | None:
+    """Speed (texts/s) against distance from the original (1 - cos min, worst of alone and batched); candidates
+    that failed the gate are not timed and sit on the floor of the plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    import io
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gated = [c for c in record["candidates"] if "cos_min" in c]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    floor = 0.0
+    for c in gated:
+        x = max(1.0 - c["cos_min"], 1e-9)
+        if "texts_per_s" in c:
+            winner = c["name"] == record["winner"]
+            ax.scatter([x], [c["texts_per_s"]], s=90 if winner else 50, marker="*" if winner else "o",
+                       color="tab:green" if winner else "tab:blue", zorder=3)
+            ax.annotate(c["name"], (x, c["texts_per_s"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        else:
+            ax.scatter([x], [floor], marker="x", color="tab:red", zorder=3)
+            ax.annotate(f"{c['name']} (failed)", (x, floor), textcoords="offset points", xytext=(5, 5), fontsize=8,
+                        color="tab:red")
+    bound = next((float(t.split(">=")[1]) for t in record["targets"].split(",") if t.startswith("cos_min>=")), None)
+    if bound is not None:
+        ax.axvline(1.0 - bound, color="black", linestyle="--", linewidth=0.8)
+        ax.annotate(f"gate: cos min >= {bound:g}", (1.0 - bound, 0), textcoords="offset points", xytext=(-4, 20),
+                    rotation=90, fontsize=8, ha="right")
+    ax.set_xscale("log")
+    ax.set_xlabel("1 - cosine min vs the original (worst of alone and batched; log)")
+    ax.set_ylabel("texts/s (median of interleaved rounds)")
+    ax.set_title("bertopt tune: speed vs fidelity")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def html_page(record: dict[str, Any], markdown: str, png: bytes | None) -> str:
+    import base64
+    import html
+
+    rows = []
+    for line in markdown.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [html.escape(c.strip().replace("**", "")) for c in line.strip("|").split("|")]
+            tag = "th" if not rows else "td"
+            rows.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+    intro = [f"<p>{html.escape(line.replace('**', ''))}</p>" for line in markdown.splitlines()[1:]
+             if line and not line.startswith("|")]
+    img = (f'<img alt="speed vs fidelity" src="data:image/png;base64,{base64.b64encode(png).decode()}">' if png
+           else "<p>(plot: matplotlib is not installed; pip install 'bertopt[report]')</p>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>bertopt tune</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:4px 8px;font-size:90%}</style></head><body>"
+            f"<h1>bertopt tune: {html.escape(record['source'])}</h1>{''.join(intro)}{img}"
+            f"<table>{''.join(rows)}</table></body></html>\n")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(record: dict[str, Any], report_dir: Path, artifact_path: Path | None) -> None:
+    from bertopt.records import write_json
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_json(report_dir / "tune.json", {**record, "artifact": str(artifact_path) if artifact_path else None})
+    markdown = markdown_table(record)
+    _write_text(report_dir / "tune.md", markdown)
+    _write_text(report_dir / "tune.html", html_page(record, markdown, _plot(record)))
+
+
+# -- command -------------------------------------------------------------------------------------------------------
+_HELP = ("Build the candidates that make sense on this machine (OpenVINO f32 / bf16 / int8, ONNX Runtime fp32 / "
+         "int8, fp16 on a GPU), gate each against the original model (alone and in batches), time the ones that "
+         "pass side by side on your texts, and write the fastest to --out with a report (tune.json, tune.md, "
+         "tune.html) beside it. Exit 0: an artifact was written; 1: no candidate passed; 2: usage error.")
+
+
+def print_result(result: TuneResult, console) -> None:
+    from rich.table import Table
+
+    record = result.record
+    table = Table(title=f"bertopt tune: {record['source']} ({record['task']}, gate {record['targets']})",
+                  title_justify="left")
+    for col in ("candidate", "status", "texts/s", "cos min alone", "cos min batched", "batch dev"):
+        table.add_column(col, justify="right" if col not in ("candidate", "status") else "left")
+    for c in record["candidates"]:
+        name = f"[bold green]{c['name']}[/]" if c["name"] == record["winner"] else c["name"]
+        table.add_row(name, c["status"], _fmt(c.get("texts_per_s"), ".1f"), _fmt(c.get("cos_min_alone"), ".5f"),
+                      _fmt(c.get("cos_min_batched"), ".5f"), _fmt(c.get("batch_dev"), ".2g"))
+    console.print(table)
+    console.print(f"[green]wrote[/] {result.artifact.path} ({record['winner']}: {record['why']}); report "
+                  f"{result.report_dir / 'tune.html'}; {record['wall_time_s']:.0f} s", highlight=False)
+
+
+def register(app) -> None:
+    import inspect
+    from typing import Optional
+
+    import typer
+
+    from bertopt.params import typer_parameters
+
+    def command(**kwargs: Any) -> None:
+        from rich.markup import escape
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from bertopt.reporting import console
+
+        given = {k: v for k, v in kwargs.items() if k not in ("source", "out", "report_dir", "force")
+                 and v is not None}
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            job = bar.add_task("tune", total=1)
+
+            def say(line: str) -> None:
+                bar.console.print(escape(line), highlight=False, soft_wrap=True)
+
+            def progress(text: str, done: float, total: float) -> None:
+                bar.update(job, description=escape(text), completed=done, total=total)
+
+            result = run_tune(kwargs["source"], kwargs["out"], given, report_dir=kwargs["report_dir"],
+                              overwrite=kwargs["force"], say=say, progress=progress)
+        print_result(result, console)
+
+    params = [
+        inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
+                          default=typer.Argument(..., help="Model: Hugging Face folder, .onnx, builtin:minilm ...",
+                                                 show_default=False)),
+        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path,
+                          default=typer.Option(..., "--out", "-o", help="Folder for the chosen artifact (must not "
+                                               "exist unless --force).")),
+        inspect.Parameter("report_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                          default=typer.Option(None, "--report-dir", "-r", help="Folder for tune.json / tune.md / "
+                                               "tune.html and each candidate's gate reports (default: OUT-report).",
+                                               show_default=False)),
+        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--force", help="Replace an existing output artifact.")),
+    ]
+    command.__signature__ = inspect.Signature(params + typer_parameters(TUNE_PARAMS))
+    command.__name__ = "tune"
+    command.__doc__ = _HELP
+    app.command("tune", help=_HELP)(command)

@@ -1,0 +1,158 @@
+"""`bertopt tune` as a user meets it: the machine decides the candidates, the time budget bounds the work, a
+candidate that cannot run is one line, no passing candidate is exit 1 with nothing written, Ctrl-C leaves no
+half-written artifact, bad options are one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tune_checks import check_reports
+
+from bertopt.artifact import Artifact
+from bertopt.testing import build_tiny_family_model
+from bertopt.tune import parse_duration, plan_candidates, run_tune
+
+FAST = ["--max-texts", "16", "--rounds", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_family_model(tmp_path_factory.mktemp("tune-cli") / "hf", "bert")
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".tune-work-" in p.name)
+
+
+def test_the_machine_decides_the_candidates():
+    # an AVX2-only CPU without a GPU: no bf16 (OpenVINO would run it as f32), no int8 (no int8 dot product)
+    built, left = plan_candidates({"avx2"}, [])
+    assert [c.name for c in built] == ["openvino-f32", "onnxruntime-fp32"]
+    reasons = {o.name: o.reason for o in left}
+    assert set(reasons) == {"openvino-bf16", "onnxruntime-int8", "onnxruntime-fp16-cuda", "openvino-int8-static",
+                            "openvino-int8-accurate"}
+    assert "no AVX-512 BF16 / AMX" in reasons["openvino-bf16"]
+    assert "no int8 dot product" in reasons["openvino-int8-accurate"]
+    assert "no CUDA provider" in reasons["onnxruntime-fp16-cuda"]
+    # AVX-512 VNNI + BF16 (this project's CI host) and a CUDA provider: everything
+    built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, ["CUDAExecutionProvider"])
+    assert [c.name for c in built] == ["openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8",
+                                       "onnxruntime-fp16-cuda", "openvino-int8-static", "openvino-int8-accurate"]
+    assert not left
+    static = next(c for c in built if c.name == "openvino-int8-static")
+    assert static.steps == [("quantize", {"mode": "int8-static", "runtime": "openvino",
+                                          "accuracy_target": "cos_min=0.997"})]
+    # AMX without AVX-512 BF16 flags still has native bf16 and int8
+    assert "openvino-bf16" in [c.name for c in plan_candidates({"amx_bf16", "amx_int8"}, [])[0]]
+
+
+def test_durations():
+    assert parse_duration("10m") == 600 and parse_duration("90s") == 90 and parse_duration("1h30m") == 5400
+    assert parse_duration("45") == 45
+
+
+def test_budget_spent_before_anything_passed_goes_on(tiny_model, tmp_path):
+    lines: list[str] = []
+    result = run_tune(str(tiny_model), tmp_path / "tuned", {"candidates": ["openvino-f32"], "max_texts": 16,
+                                                            "rounds": 1, "time_budget": "0.001s"}, say=lines.append)
+    assert "time budget (0.001s) spent but no candidate has passed yet; going on with openvino-f32" in lines
+    assert result.record["winner"] == "openvino-f32"
+
+
+def test_budget_spent_keeps_the_first_passing_candidate(tiny_model, tmp_path, cli):
+    out = tmp_path / "tuned"
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--time-budget", "1s",
+                            "--candidates", "openvino-f32,onnxruntime-fp32,onnxruntime-int8", *FAST)
+    assert code == 0, err + stdout
+    record = Artifact.load(out).manifest["tune"]
+    status = {c["name"]: c["status"] for c in record["candidates"]}
+    # building and gating the first candidate outlasts one second: the rest are skipped, each with a line (had
+    # the budget run out before it, it would still run: nothing had passed yet)
+    assert status == {"openvino-f32": "passed", "onnxruntime-fp32": "skipped", "onnxruntime-int8": "skipped"}
+    assert "onnxruntime-fp32: skipped: time budget (1s) spent" in stdout
+    assert record["winner"] == "openvino-f32"
+    check_reports(tmp_path / "tuned-report", record)
+
+
+def test_a_candidate_that_cannot_run_is_one_line_and_tune_goes_on(tiny_model, tmp_path):
+    # told there is a CUDA provider where ONNX Runtime has none: the fp16 GPU candidate is built, cannot be opened
+    # on a GPU, and is refused with the runtime's one line; the CPU candidate wins
+    lines: list[str] = []
+    result = run_tune(str(tiny_model), tmp_path / "tuned",
+                      {"candidates": ["onnxruntime-fp32", "onnxruntime-fp16-cuda"], "max_texts": 16, "rounds": 1},
+                      say=lines.append, gpus=["CUDAExecutionProvider"])
+    by_name = {c["name"]: c for c in result.record["candidates"]}
+    assert by_name["onnxruntime-fp16-cuda"]["status"] == "refused"
+    refusal = next(line for line in lines if line.startswith("onnxruntime-fp16-cuda: refused: "))
+    assert "\n" not in refusal and "CUDA" in refusal
+    assert result.record["winner"] == "onnxruntime-fp32"
+
+
+def test_no_passing_candidate_exits_1_and_writes_no_artifact(tiny_model, tmp_path, cli):
+    out = tmp_path / "tuned"
+    # max_abs <= 1e-12 against PyTorch: no runtime meets it
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--candidates", "openvino-f32,onnxruntime-fp32",
+                            "--targets", "max_abs<=1e-12", *FAST)
+    assert code == 1, err + stdout
+    assert "gate failed: no candidate passed the gate (max_abs<=1e-12)" in " ".join(err.split())
+    assert not out.exists() and _leftovers(tmp_path) == []
+    assert "openvino-f32: failed the gate: max_abs" in stdout
+    report = (tmp_path / "tuned-report" / "tune.md").read_text()
+    assert "Winner: **none**" in report and "| openvino-f32 | failed |" in report
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time-budget", "soon"], "write it like 10m, 90s or 1h30m"),
+    (["--candidates", "openvino-int4"], "unknown candidate 'openvino-int4'"),
+    (["--targets", "cos_min=high"], "cannot read target"),
+    (["--rounds", "0"], "'rounds' must be at least 1"),
+])
+def test_bad_options_are_one_line(tiny_model, tmp_path, cli, args, message):
+    out = tmp_path / "tuned"
+    code, stdout, err = cli("tune", tiny_model, "--out", out, *args)
+    assert code == 2 and message in " ".join(err.split()), err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    code, _, err = cli("tune", tiny_model, "--out", out, *FAST)
+    assert code == 2 and "already exists" in err
+    code, _, err = cli("tune", tiny_model, "--out", out, "--force", *FAST)
+    assert code == 2 and "is not a bertopt artifact; refusing to replace it" in " ".join(err.split())
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def _default_sigint() -> None:
+    # a process started from a non-interactive shell's background job inherits SIGINT ignored; a user's terminal
+    # delivers it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_leaves_no_half_written_artifact(tiny_model, tmp_path):
+    out = tmp_path / "tuned"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "tune", str(tiny_model), "--out", str(out), *FAST],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=tmp_path, preexec_fn=_default_sigint)
+    seen = []
+    try:
+        for line in proc.stdout:  # interrupt once the first candidate has been gated, mid-run
+            seen.append(line)
+            if "openvino-f32: passed the gate" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert not out.exists()
+    assert _leftovers(tmp_path) == []
