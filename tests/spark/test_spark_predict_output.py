@@ -31,7 +31,7 @@ def test_force_replaces_only_an_earlier_spark_predict_output(spark, tiny_onnx, f
     assert code == 0, err
     marker = json.loads((out / "_bertopt.json").read_text())
     assert marker["written_by"] == "bertopt spark-predict" and marker["digest"] == tiny_onnx.digest
-    assert pq.read_table(out).column_names == ["text", "sentence_embedding"]  # readers skip the marker
+    assert pq.read_table(out).column_names == ["text", "sentence_embedding", "error"]  # readers skip the marker
 
     code, _, err = cli("spark-predict", "-a", tiny_onnx.path, "-i", src, "-o", out)
     assert code == 2 and "already exists (a bertopt spark-predict output)" in err and "--force" in err
