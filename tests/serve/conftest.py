@@ -99,6 +99,13 @@ def start_server(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def server_process():
+    """The ServerProcess class, for a module's own server with its own flags (``from conftest import ...`` would
+    find whichever tests/*/conftest.py pytest imported last)."""
+    return ServerProcess
+
+
+@pytest.fixture(scope="session")
 def tiny_server(tiny_onnx, tmp_path_factory):
     """One shared server on the tiny BERT: 2 workers, small mini-jobs so requests split, a 100 kB limit."""
     server = ServerProcess(tiny_onnx.path, tmp_path_factory.mktemp("tiny-server"), "--max-batch-size", "8",

@@ -19,12 +19,10 @@ HUGE_TEXT = 50_000_000  # characters: under the default --max-request-bytes (64 
 
 
 @pytest.fixture(scope="module")
-def hostile_server(tiny_onnx, tmp_path_factory):
+def hostile_server(tiny_onnx, tmp_path_factory, server_process):
     """Default limits but a small per-request token budget, so that limit can be reached with a few texts."""
-    from conftest import ServerProcess
-
-    server = ServerProcess(tiny_onnx.path, tmp_path_factory.mktemp("hostile"), "--max-request-tokens", "2000",
-                           http=True)
+    server = server_process(tiny_onnx.path, tmp_path_factory.mktemp("hostile"), "--max-request-tokens", "2000",
+                            http=True)
     try:
         yield server
     finally:

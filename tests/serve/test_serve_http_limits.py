@@ -20,14 +20,12 @@ BODY_TIMEOUT_S = 6
 
 
 @pytest.fixture(scope="module")
-def limited_server(tiny_onnx, tmp_path_factory):
+def limited_server(tiny_onnx, tmp_path_factory, server_process):
     """One request admitted at a time, a short body timeout, a 100 kB body cap, one-text mini-jobs (so a
     2048-text request stays in flight for a while)."""
-    from conftest import ServerProcess
-
-    server = ServerProcess(tiny_onnx.path, tmp_path_factory.mktemp("limited"), "--max-concurrent-requests", "1",
-                           "--body-timeout", str(BODY_TIMEOUT_S), "--max-request-bytes", "100000",
-                           "--max-batch-size", "1", "--priority-batch-size", "0", num_worker=1, http=True)
+    server = server_process(tiny_onnx.path, tmp_path_factory.mktemp("limited"), "--max-concurrent-requests", "1",
+                            "--body-timeout", str(BODY_TIMEOUT_S), "--max-request-bytes", "100000",
+                            "--max-batch-size", "1", "--priority-batch-size", "0", num_worker=1, http=True)
     try:
         yield server
     finally:
