@@ -84,20 +84,29 @@ def open_regular_file(path: Path):
     return os.fdopen(fd, "rb")
 
 
+def read_regular_file(path: Path, *, max_bytes: int, fix: str, error: type[Exception] = UserError,
+                      shown_as: Path | None = None, too_large: str = "too large to be what it should be") -> bytes:
+    """The bytes of ``path``, read once: a regular file (no symlink, FIFO or device: nothing hangs) of at most
+    ``max_bytes``; anything else is one ``error`` line naming the file (as ``shown_as``) and ending with ``fix``."""
+    shown = shown_as or path
+    try:
+        fh = open_regular_file(path)
+    except OSError as exc:
+        raise error(f"{shown} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
+    if fh is None:
+        raise error(f"{shown} is not a regular file (a symlink, device, FIFO or folder); {fix}")
+    with fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error(f"{shown} is larger than {max_bytes >> 20} MiB, {too_large}; {fix}")
+    return data
+
+
 def read_json_file(path: Path, *, max_bytes: int, max_depth: int, fix: str, error: type[Exception] = UserError) -> Any:
     """A JSON file read with limits: a regular file (see ``open_regular_file``) of at most ``max_bytes``, nested
     at most ``max_depth`` deep; anything else is one ``error`` line naming the file and ending with ``fix``."""
     path = Path(path)
-    try:
-        fh = open_regular_file(path)
-    except OSError as exc:
-        raise error(f"{path} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
-    if fh is None:
-        raise error(f"{path} is not a regular file (a symlink, device, FIFO or folder); {fix}")
-    with fh:
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise error(f"{path} is larger than {max_bytes >> 20} MiB, too large to be what it should be; {fix}")
+    data = read_regular_file(path, max_bytes=max_bytes, fix=fix, error=error)
     if json_depth(data, max_depth) > max_depth:  # before parsing: json.loads recurses once per level
         raise error(f"{path} nests lists or objects deeper than {max_depth} levels; {fix}")
     try:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.params import BATCH_SIZE, THREADS, Param
+from bertopt.validate.targets import targets_problem
 
 SAY = Callable[[str], None]
 
@@ -61,14 +62,6 @@ def _duration_ok(value: str) -> str | None:
     return None
 
 
-def _targets_ok(value: str) -> str | None:
-    from bertopt.validate.targets import parse_targets
-
-    try:
-        parse_targets(value)
-    except UserError as exc:
-        return str(exc)
-    return None
 
 
 CANDIDATE_NAMES = ("openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda",
@@ -82,7 +75,7 @@ TUNE_PARAMS = [
     Param("text_column", str, "text", "Text column of a JSONL/CSV/Parquet --data file."),
     Param("targets", str, None, "Gate thresholds every candidate must meet, alone and in batches, as for 'bertopt "
           "validate --targets' (default for embeddings: cos_min>=0.995,batch_dev<=1e-3; task models: their task "
-          "metric, see docs/tune.md).", check=_targets_ok),
+          "metric, see docs/tune.md).", check=targets_problem),
     Param("time_budget", str, "10m", "Bound on the whole run (10m, 90s, 1h): when it is spent the remaining "
           "candidates are skipped, once at least one has passed.", check=_duration_ok),
     Param("candidates", list, None, "Only these candidates, comma-separated (default: every one that makes sense "

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertopt.artifact import Artifact, primary_output
+from bertopt.artifact import Artifact, primary_output, read_regular_file
 from bertopt.errors import UserError
 from bertopt.runtime.backends import describe, open_session
 from bertopt.untrusted import lone_surrogate
@@ -62,22 +62,11 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
     ``shown_as``: the user's file this one is a copy of) and the fix."""
     from tokenizers import Tokenizer
 
-    from bertopt.artifact import open_regular_file
-
     file = Path(file)
     shown = shown_as or file
-
     fix = "save the tokenizer again with the model (tokenizer.save_pretrained) or re-create the artifact"
-    try:
-        fh = open_regular_file(file)
-    except OSError as exc:
-        raise UserError(f"{shown} cannot be read ({exc.strerror or type(exc).__name__}); {fix}") from None
-    if fh is None:
-        raise UserError(f"{shown} is not a regular file (a symlink, device, FIFO or folder); {fix}")
-    with fh:
-        data = fh.read(MAX_TOKENIZER_BYTES + 1)
-    if len(data) > MAX_TOKENIZER_BYTES:
-        raise UserError(f"{shown} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, too large for a tokenizer; {fix}")
+    data = read_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES, fix=fix, shown_as=shown,
+                             too_large="too large for a tokenizer")
     try:
         return Tokenizer.from_str(data.decode("utf-8"))
     except UnicodeDecodeError:

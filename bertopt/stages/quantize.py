@@ -12,6 +12,7 @@ from typing import Any
 
 from bertopt.errors import UserError
 from bertopt.params import THREADS, Param
+from bertopt.validate.targets import targets_problem
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -19,14 +20,6 @@ MODES = ("fp16", "int8-dynamic", "int8-static")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
 
-def _target_ok(value: str) -> str | None:
-    from bertopt.validate.targets import parse_targets
-
-    try:
-        parse_targets(value)
-    except UserError as exc:
-        return str(exc)
-    return None
 
 
 WEIGHT_ROUNDINGS = ("nearest", "gptq")
@@ -53,7 +46,7 @@ PARAMS = [
           choices=CALIBRATION_METHODS),
     Param("calibration_size", int, 128, "int8-static: how many calibration sentences to use.", min=1),
     Param("accuracy_target", str, None, "Keep the most sensitive operators in fp32 until the target holds, "
-          "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=lambda v: _target_ok(v)),
+          "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=targets_problem),
     Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
           "fp32 per search step (smaller: fewer kept, more steps).", min=1),
     Param("smooth_alpha", float, None, "int8: SmoothQuant-style smoothing strength (0-1, e.g. 0.5): activation "

@@ -3,17 +3,7 @@
 from __future__ import annotations
 
 from bertopt.params import BATCH_SIZE, PROVIDER, THREADS, Param
-
-
-def _targets_ok(value: str) -> str | None:
-    from bertopt.errors import UserError
-    from bertopt.validate.targets import parse_targets
-
-    try:
-        parse_targets(value)
-    except UserError as exc:
-        return str(exc)
-    return None
+from bertopt.validate.targets import targets_problem
 
 
 def _quantile(value) -> str | None:
@@ -37,7 +27,7 @@ VALIDATE_PARAMS = [
           "latency_p50_ms/p90/p99 and throughput (worst grid point), or one point as 'speedup@32x128'. Without "
           "targets: defaults for the primary output's kind (embeddings: cos_min>=0.99, "
           "neighbour_agreement_at_10>=0.9; logits: top1_agreement>=0.99, cos_min>=0.99).",
-          check=_targets_ok),
+          check=targets_problem),
     Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes."),
     Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded)."),
     Param("warmup", int, 2, "Latency: warm-up runs per grid point.", min=0),

@@ -75,3 +75,12 @@ def parse_targets(text: str | None) -> list[Target]:
             raise UserError(f"target '{part}': {value!r} is not a number") from None
         targets.append(Target(metric, default_op(metric) if op == "=" else op, number))
     return targets
+
+
+def targets_problem(value: str) -> str | None:
+    """A ``Param`` check for a target expression: why ``value`` does not parse, or None."""
+    try:
+        parse_targets(value)
+    except UserError as exc:
+        return str(exc)
+    return None
