@@ -6,7 +6,6 @@ instant. A UserError becomes one red line and exit code 2; a failed gate exits 1
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from rich.markup import escape
 
 from bertopt.errors import BackendFailed, GateFailed, Terminated, UserError
 from bertopt.params import typer_parameters
+from bertopt.plugins import import_all
 from bertopt.reporting import console, err_console
 
 app = typer.Typer(
@@ -180,12 +180,8 @@ _COMMAND_MODULES = (
     "bertopt.spark.cli",
     "bertopt.kafka.cli",
 )
-for _module in _COMMAND_MODULES:
-    try:
-        importlib.import_module(_module).register(app)
-    except ModuleNotFoundError as _exc:
-        if _exc.name != _module:
-            raise
+for _module in import_all(_COMMAND_MODULES, optional=True):
+    _module.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

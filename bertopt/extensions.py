@@ -7,11 +7,10 @@ that plugs in. The modules named here import nothing heavy: TensorFlow and pyspa
 
 from __future__ import annotations
 
-import importlib
+from bertopt.plugins import import_all
 
 EXTENSION_MODULES = ("bertopt.tf.extension", "bertopt.spark.extension")
 
 
 def load_extensions() -> None:
-    for module in EXTENSION_MODULES:
-        importlib.import_module(module)
+    import_all(EXTENSION_MODULES)

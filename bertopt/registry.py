@@ -7,14 +7,13 @@ A stage module defines ``NAME``, ``HELP``, ``PARAMS`` (list[Param]) and
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bertopt.errors import UserError
 from bertopt.params import resolve_config
+from bertopt.plugins import LazyModules
 
 STAGE_MODULES = {
     "export": "bertopt.stages.export",
@@ -26,14 +25,15 @@ STAGE_MODULES = {
 }
 
 
+_STAGES = LazyModules("stage", STAGE_MODULES)
+
+
 def stage_names() -> list[str]:
-    return list(STAGE_MODULES)
+    return _STAGES.names()
 
 
 def get_stage(name: str) -> ModuleType:
-    if name not in STAGE_MODULES:
-        raise UserError(f"unknown stage '{name}'; known stages: {', '.join(STAGE_MODULES)}")
-    return importlib.import_module(STAGE_MODULES[name])
+    return _STAGES.get(name)
 
 
 def resolve_input(value: Any):

@@ -15,6 +15,7 @@ import numpy as np
 
 from bertopt.errors import UserError, require
 from bertopt.params import PROVIDERS
+from bertopt.plugins import Registry, import_all
 
 
 class Session(Protocol):
@@ -26,28 +27,17 @@ class Session(Protocol):
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
 
-_BACKENDS: dict[str, Callable[..., Session]] = {}
+def _load_optional_backends() -> None:
+    # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).
+    import_all(("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend", "bertopt.runtime.torch_backend"),
+               optional=True)
+
+
+_BACKENDS: Registry[Callable[..., Session]] = Registry("runtime", load=_load_optional_backends)
 
 
 def register_backend(name: str):
-    def deco(factory):
-        _BACKENDS[name] = factory
-        return factory
-
-    return deco
-
-
-def _load_optional_backends() -> None:
-    # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).
-    import importlib
-
-    for module in ("bertopt.runtime.openvino_backend", "bertopt.runtime.tf_backend",
-                   "bertopt.runtime.torch_backend"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    return _BACKENDS.register(name)
 
 
 @dataclass
@@ -79,17 +69,15 @@ def open_model(model, *, runtime: str = "onnxruntime", provider: str = "cpu", th
 
 def open_session(artifact, backend: str | None = None, provider: str = "auto",
                  threads: int | None = None, device_id: int | None = None) -> Session:
-    _load_optional_backends()
     name = backend or artifact.runtime
     if artifact.model_format in ("tf-graphdef", "tf-savedmodel") and backend is None:
         name = "tensorflow"
-    if name not in _BACKENDS:
-        raise UserError(f"unknown runtime '{name}'; available: {', '.join(sorted(_BACKENDS))}")
+    factory = _BACKENDS.get(name)
     if provider not in PROVIDERS:
         raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
     # device_id (which GPU) is only passed when given, so backends without GPUs need not accept it
     extra = {"device_id": device_id} if device_id is not None else {}
-    return _BACKENDS[name](artifact, provider=provider, threads=threads, **extra)
+    return factory(artifact, provider=provider, threads=threads, **extra)
 
 
 def default_threads() -> int:

@@ -5,27 +5,21 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from bertopt.artifact import Artifact
+from bertopt.extensions import load_extensions
+from bertopt.plugins import Registry
 
-# (stage, model format) -> the stage's implementation for that format, registered by the part that knows the
+# "stage:model format" -> the stage's implementation for that format, registered by the part that knows the
 # format (bertopt.tf registers TensorFlow graphs and models), so stages/ never imports it
-_FORMAT_HANDLERS: dict[tuple[str, str], Callable] = {}
+_FORMAT_HANDLERS: Registry[Callable] = Registry("format handler", load=load_extensions)
 
 
 def register_format_handler(stage: str, *formats: str):
-    def deco(handler):
-        for model_format in formats:
-            _FORMAT_HANDLERS[(stage, model_format)] = handler
-        return handler
-
-    return deco
+    return _FORMAT_HANDLERS.register(*(f"{stage}:{model_format}" for model_format in formats))
 
 
 def format_handler(stage: str, model_format: str) -> Callable | None:
     """The registered implementation of ``stage`` for ``model_format``, or None."""
-    from bertopt.extensions import load_extensions
-
-    load_extensions()
-    return _FORMAT_HANDLERS.get((stage, model_format))
+    return _FORMAT_HANDLERS.find(f"{stage}:{model_format}")
 
 
 def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None,

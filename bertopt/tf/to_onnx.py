@@ -19,29 +19,20 @@ from typing import Callable
 import numpy as np
 
 from bertopt.errors import UserError, require
+from bertopt.plugins import Registry
 
-TF_OP_HANDLERS: dict[str, Callable] = {}
-ONNX_REWRITES: dict[str, Callable] = {}
+TF_OP_HANDLERS: Registry[Callable] = Registry("tf2onnx op handler")
+ONNX_REWRITES: Registry[Callable] = Registry("ONNX rewrite")
 
 
 def tf_op_handler(op_type: str):
     """Register a tf2onnx custom-op handler ``fn(ctx, node, name, args)`` for a TensorFlow op."""
-
-    def deco(fn):
-        TF_OP_HANDLERS[op_type] = fn
-        return fn
-
-    return deco
+    return TF_OP_HANDLERS.register(op_type)
 
 
 def onnx_rewrite(op_type: str):
     """Register a rewrite ``fn(model, node) -> list[new nodes]`` for a non-ONNX op left in the ONNX graph."""
-
-    def deco(fn):
-        ONNX_REWRITES[op_type] = fn
-        return fn
-
-    return deco
+    return ONNX_REWRITES.register(op_type)
 
 
 @tf_op_handler("Erfc")
@@ -87,7 +78,7 @@ def apply_onnx_rewrites(model) -> dict[str, int]:
     new_nodes = []
     for node in model.graph.node:
         if node.domain in ("", "ai.onnx") and node.op_type in ONNX_REWRITES:
-            new_nodes.extend(ONNX_REWRITES[node.op_type](model, node))
+            new_nodes.extend(ONNX_REWRITES.get(node.op_type)(model, node))
             done[node.op_type] = done.get(node.op_type, 0) + 1
         else:
             new_nodes.append(node)

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from bertopt.errors import GateFailed, UserError
+from bertopt.extensions import load_extensions
+from bertopt.plugins import Registry
 from bertopt.validate.targets import (
     BATCH_METRICS,
     FIDELITY_METRICS,
@@ -154,22 +156,15 @@ def _prepare_report_dir(report_dir: Path, artifact, config: dict[str, Any]) -> P
 
 # checks run by another part (Spark registers "spark": the UDF against the in-process runtime), so validate/
 # never imports that part
-_RUNNER_CHECKS: dict[str, Callable] = {}
+_RUNNER_CHECKS: Registry[Callable] = Registry("runner check", load=load_extensions)
 
 
 def register_runner_check(name: str):
-    def deco(check):
-        _RUNNER_CHECKS[name] = check
-        return check
-
-    return deco
+    return _RUNNER_CHECKS.register(name)
 
 
 def _spark_check(artifact, data, config):
-    from bertopt.extensions import load_extensions
-
-    load_extensions()
-    return _RUNNER_CHECKS["spark"](artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
+    return _RUNNER_CHECKS.get("spark")(artifact, data.texts, master=config["master"], batch_size=config["batch_size"],
                                    pairs=data.pairs)
 
 

@@ -9,19 +9,16 @@ from pathlib import Path
 from typing import Callable
 
 from bertopt.errors import UserError
+from bertopt.extensions import load_extensions
+from bertopt.plugins import Registry
 
 # source kind -> builder of its reference Predictor, for kinds another part runs (bertopt.tf registers the
 # TensorFlow ones), so validate/ never imports that part
-_REFERENCES: dict[str, Callable] = {}
+_REFERENCES: Registry[Callable] = Registry("reference", load=load_extensions)
 
 
 def register_reference(*kinds: str):
-    def deco(builder):
-        for kind in kinds:
-            _REFERENCES[kind] = builder
-        return builder
-
-    return deco
+    return _REFERENCES.register(*kinds)
 
 
 def reference_predictor(artifact, reference: str | os.PathLike | None = None, *, threads: int | None = None,
@@ -51,11 +48,9 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
 
         return hf_reference(source.path, threads=threads, bf16=bf16, max_seq_len=max_seq_len, batch_size=batch_size,
                             pooling=pooling, length_bucketing=length_bucketing)
-    from bertopt.extensions import load_extensions
-
-    load_extensions()
-    if source.kind in _REFERENCES:
-        return _REFERENCES[source.kind](source, artifact, threads=threads, max_seq_len=max_seq_len,
+    builder = _REFERENCES.find(source.kind)
+    if builder is not None:
+        return builder(source, artifact, threads=threads, max_seq_len=max_seq_len,
                                         batch_size=batch_size, length_bucketing=length_bucketing)
     if source.kind == "onnx":
         from bertopt.runtime import Predictor
