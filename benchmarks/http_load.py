@@ -33,7 +33,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from serve_load import SIZES, corpus, ensure_artifact, free_port, pct, stop_server  # noqa: E402
+from serve_load import SIZES, corpus, ensure_artifact, pct, stop_server  # noqa: E402
+
+from bertopt.harness import free_port  # noqa: E402
 
 
 def start_server(artifact: Path, workers: int, max_concurrent: int, log_dir: Path):

@@ -109,7 +109,7 @@ def main() -> None:
     args = ap.parse_args()
     import tempfile
 
-    from bertopt.testing import free_port
+    from bertopt.harness import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "stack_apps.py").write_text(APPS)

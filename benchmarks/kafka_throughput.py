@@ -31,13 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bertopt.harness import free_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_tansu(log_path: Path) -> tuple[subprocess.Popen, str]:

@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     import platform
 
     from bertopt.records import machine_info
-    from bertopt.testing import FAMILY_FIXTURES, build_tiny_family_model
+    from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default=",".join(FAMILY_FIXTURES))

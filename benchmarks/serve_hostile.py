@@ -27,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertopt.testing import build_tiny_hf_bert, descendants, free_port  # noqa: E402
+from bertopt.harness import descendants, free_port  # noqa: E402
+from bertopt.tiny_models import build_tiny_hf_bert  # noqa: E402
 
 BIG = 50_000_000
 

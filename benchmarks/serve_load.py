@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,30 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bertopt.harness import descendants, free_port
+
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (1, 16, 64, 256, 512, 8)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def pct(values, q) -> float:

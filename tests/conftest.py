@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bertopt.testing import TINY_VOCAB, build_tiny_hf_bert  # noqa: E402,F401  (re-exported)
+from bertopt.tiny_models import TINY_VOCAB, build_tiny_hf_bert  # noqa: E402,F401  (re-exported)
 
 
 @pytest.fixture(scope="session")
@@ -98,9 +98,9 @@ def cli(capsys):
 def task_artifact(tmp_path_factory):
     """``task_artifact(task, family="bert") -> (hf folder, artifact)``: a tiny random task model (classification,
     multi-label, token-classification, rerank, sparse-embedding) of a family with its own tokenizer kind
-    (``bertopt.testing.build_tiny_family_model``), exported by ``bertopt export``; built once a session."""
+    (``bertopt.tiny_models.build_tiny_family_model``), exported by ``bertopt export``; built once a session."""
     from bertopt.registry import run_stage
-    from bertopt.testing import build_tiny_family_model
+    from bertopt.tiny_models import build_tiny_family_model
 
     built: dict = {}
 

@@ -383,7 +383,7 @@ def test_export_names_the_source_tokenizer_that_is_no_tokenizer(tiny_hf, tmp_pat
 
 
 def test_serve_refuses_a_hostile_artifact_before_starting_anything(tiny_onnx, tmp_path, cli):
-    from bertopt.testing import free_port
+    from bertopt.harness import free_port
 
     hostile = Hostile(tiny_onnx.path, tmp_path)
     folder, message = _model_is_link_out(hostile)

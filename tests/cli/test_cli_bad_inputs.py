@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from bertopt.harness import free_port
 
 UNWRITABLE = "/proc/bertopt-cannot-write-here"  # refused even to root (procfs)
 
@@ -91,12 +92,6 @@ class Ctx:
         path = self.tmp / name
         pq.write_table(pa.table({"text": ["a sentence", "another one"]}), str(path))
         return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _drop(key):

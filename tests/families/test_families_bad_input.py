@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from bertopt.families import supported_model_types
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 
 def _tiny_decoder(path, kind):

@@ -12,7 +12,7 @@ from bertopt.families import family_for_config
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference, read_model_info
-from bertopt.testing import FAMILY_FIXTURES, build_tiny_family_model
+from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
 from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:64]

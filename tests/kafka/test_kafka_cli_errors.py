@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from bertopt.harness import free_port
 from bertopt.kafka.bridge import parse_request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_kafka_request_parsing_rules():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 
 import numpy as np
 import pytest
@@ -109,10 +108,7 @@ def serve_process(tiny_onnx, tmp_path):
     import sys
     import time
 
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    from bertopt.harness import free_port
 
     port, port_out = free_port(), free_port()
     while port_out == port:

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from test_kafka_bridge import check_responses, make_requests, response_values
 
+from bertopt.harness import alive
+
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.spark]
 
 SPARK = ("--backend", "spark", "--master", "local[2]", "--partitions", "2")
@@ -39,14 +41,6 @@ def children_of(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 out.append(int(entry))
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_kafka_spark_backend_answers_2000_requests_like_the_runtime_and_malformed_ones_with_errors(

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from bertopt.errors import UserError
+from bertopt.harness import free_port
 from bertopt.kafka.spark_backend import SPARK_BACKEND_PARAMS, SparkBackend
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args, message", [

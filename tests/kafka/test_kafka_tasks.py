@@ -86,7 +86,7 @@ def test_kafka_zmq_backend_carries_task_results(kafka, task_artifact, tmp_path):
     import sys
     import time
 
-    from bertopt.testing import free_port
+    from bertopt.harness import free_port
 
     _, art = task_artifact("classification", "roberta")
     port, port_out = free_port(), free_port()

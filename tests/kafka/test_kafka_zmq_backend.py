@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ import time
 import pytest
 from test_kafka_bridge import check_responses, make_requests
 
+from bertopt.harness import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.server]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

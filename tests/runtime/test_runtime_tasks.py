@@ -13,7 +13,7 @@ from task_models import TASK_TEXTS
 from bertopt.errors import UserError
 from bertopt.runtime import Predictor
 from bertopt.runtime.tasks import AGGREGATIONS, normalize_task, task_of
-from bertopt.testing import NER_LABELS
+from bertopt.tiny_models import NER_LABELS
 
 FAMILIES = ("bert", "roberta", "deberta-v2")  # WordPiece, byte-level BPE, SentencePiece (Unigram)
 

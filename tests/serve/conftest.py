@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-from bertopt.testing import alive, descendants, free_port  # noqa: E402,F401
+from bertopt.harness import alive, descendants, free_port  # noqa: E402,F401
 
 
 class ServerProcess:

@@ -5,10 +5,10 @@ artifact's own validation measured (bf16 and int8 outputs move with their batch-
 from __future__ import annotations
 
 import pytest
+from served_checks import batch_compositions, served_deviation
 
 from bertopt.data import mixed_text
 from bertopt.runtime import Predictor
-from bertopt.testing import batch_compositions, served_deviation
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 

@@ -13,7 +13,7 @@ import pytest
 from test_serve_roundtrip import make_texts
 
 from bertopt.client import Client, ServerError
-from bertopt.testing import alive, free_port
+from bertopt.harness import alive, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ import httpx  # the dev extra, which make test installs: a missing one must fail
 import numpy as np
 import pytest
 
-from bertopt.testing import descendants
+from bertopt.harness import descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 KEY = "test-secret-key"
@@ -171,7 +171,7 @@ def test_predict_on_a_classifier_http_only(task_artifact, start_server):
 def test_legacy_classifier_manifest_is_served_on_predict(tmp_path, start_server):
     from bertopt.registry import run_stage
     from bertopt.runtime import Predictor
-    from bertopt.testing import build_tiny_hf_bert
+    from bertopt.tiny_models import build_tiny_hf_bert
 
     art = run_stage("export", build_tiny_hf_bert(tmp_path / "hf", classifier=True), {}, tmp_path / "cls")
     manifest = json.loads((art.path / "bertopt.json").read_text())  # as written before the task contract
@@ -288,7 +288,7 @@ def test_sigterm_answers_admitted_http_requests_then_exits_0(tiny_onnx, start_se
 def test_serve_http_options_refuse_clearly(cli, tiny_onnx):
     import socket
 
-    from bertopt.testing import free_port
+    from bertopt.harness import free_port
 
     code, _, err = cli("serve", str(tiny_onnx.path), "--no-zmq")
     assert code == 2 and "--no-zmq leaves nothing to serve; add --http-port PORT" in err

@@ -10,7 +10,7 @@ from bertopt.data import corpus
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:32]
 

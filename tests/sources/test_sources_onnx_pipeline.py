@@ -18,7 +18,7 @@ from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.sources.onnx_pipeline import onnx_opset
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:40] + mixed_text()[:8]
 TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"

@@ -9,7 +9,7 @@ import pytest
 from bertopt.data import corpus, mixed_text
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:40] + mixed_text()[:8]
 TANH, RELU, IDENTITY = ("torch.nn.modules.activation.Tanh", "torch.nn.modules.activation.ReLU",

@@ -13,7 +13,7 @@ from bertopt.data import corpus
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import read_model_info
-from bertopt.testing import NER_LABELS, build_tiny_family_model
+from bertopt.tiny_models import NER_LABELS, build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:24]
 

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from bertopt.data import corpus
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 TEXTS = corpus()[:40] + ["Ünïcödé and  double  spaces", "MiXeD CaSe, punctuation!?"]
 

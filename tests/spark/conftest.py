@@ -20,7 +20,7 @@ def spark():
 def tiny_classifier(tmp_path_factory):
     """A tiny random BERT sequence classifier (3 labels) exported to ONNX."""
     from bertopt.registry import run_stage
-    from bertopt.testing import build_tiny_hf_bert
+    from bertopt.tiny_models import build_tiny_hf_bert
 
     hf = build_tiny_hf_bert(tmp_path_factory.mktemp("tiny-cls-hf") / "model", classifier=True, seed=1)
     return run_stage("export", hf, {}, tmp_path_factory.mktemp("tiny-cls") / "art")

@@ -7,10 +7,10 @@ import random
 
 import numpy as np
 import pytest
+from served_checks import served_deviation
 
 from bertopt.data import mixed_text
 from bertopt.runtime import Predictor
-from bertopt.testing import served_deviation
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

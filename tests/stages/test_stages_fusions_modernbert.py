@@ -15,7 +15,7 @@ from bertopt.errors import UserError
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.onnx_util import load_onnx
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 
 # mixed lengths: short texts padded next to long ones (beyond the tiny models' 16-token local attention window)
 TEXTS = [t for t in corpus() if t][:40] + ["word " * 90, "a", "two words", " ".join(corpus()[:6])]

@@ -35,7 +35,7 @@ def test_export_matches_pytorch_and_names_dynamic_axes(tiny_onnx, tiny_hf):
 
 
 def test_export_classifier_gives_logits(tmp_path):
-    from bertopt.testing import build_tiny_hf_bert
+    from bertopt.tiny_models import build_tiny_hf_bert
 
     src = build_tiny_hf_bert(tmp_path / "cls", classifier=True)
     art = run_stage("export", src, {}, tmp_path / "onnx")

@@ -14,7 +14,7 @@ import pytest
 from tune_checks import check_reports
 
 from bertopt.artifact import Artifact
-from bertopt.testing import build_tiny_family_model
+from bertopt.tiny_models import build_tiny_family_model
 from bertopt.tune import parse_duration, plan_candidates, run_tune
 
 FAST = ["--max-texts", "16", "--rounds", "1"]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -87,9 +86,9 @@ def test_serving_commands_warn_once_about_a_batch_dependent_artifact(tiny_int8, 
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from bertopt.harness import free_port
+
+    port = free_port()
     argv = ["kafka", "--bootstrap", f"127.0.0.1:{port}", "--request-topic", "a", "--response-topic", "b",
             "--connect-timeout", "1"]
     for art, warned in ((tiny_int8, True), (tiny_onnx, False)):
@@ -120,10 +119,10 @@ def test_served_bound_is_the_batch_dev_validate_recorded(cli, tiny_onnx, tmp_pat
     """Served-equals-validated tests hold served outputs to the artifact's own measured bound: none before
     validation (a stage's declaration is no measurement), 4x the recorded batch_dev after it."""
     import numpy as np
+    from served_checks import served_deviation
 
     from bertopt.artifact import Artifact
     from bertopt.errors import UserError
-    from bertopt.testing import served_deviation
 
     art = run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "per_channel": False}, tmp_path / "int8")
     assert art.batch_invariance()["measured_by"] is None  # declared by the stage, not measured

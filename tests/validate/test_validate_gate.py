@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from bertopt.testing import build_tiny_hf_bert
+from bertopt.tiny_models import build_tiny_hf_bert
 
 FAST_GRID = ["--batch-sizes", "1,4", "--seq-lens", "8,16", "--repeats", "3", "--warmup", "1"]
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from bertopt.data import corpus, mixed_text
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.testing import build_tiny_hf_bert
+from bertopt.tiny_models import build_tiny_hf_bert
 from bertopt.validate.compare import cosine_rows
 
 

@@ -1,12 +1,11 @@
-"""Helpers for tests of bertopt and of code built on it: tiny random BERTs and loopback/process utilities.
+"""Tiny random models of every supported family and task head (Hugging Face folders with their own tokenizers),
+built in seconds: the fixtures of the test suite and the stand-ins of the benchmark scripts' smoke runs.
 
-Kept in the package (not in a conftest.py) so any test can import it unambiguously.
+torch, transformers and tokenizers are imported by the builders that need them.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
@@ -268,62 +267,3 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
         (path / "modules.json").write_text(json.dumps(modules, indent=2))
         (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": min(positions, max_seq_length)}))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (a /proc scan; Linux)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # the command name may contain spaces; fields after the closing parenthesis are fixed
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def batch_compositions(texts: list[str], seed: int = 0) -> list[list[int]]:
-    """The same texts cut into other batches, as lists of indices into ``texts``: one at a time, in shuffled
-    groups of 7 (other neighbours, other padding) and 32 at a time in order."""
-    import random
-
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
-    return ([[i] for i in range(len(texts))] + [order[s:s + 7] for s in range(0, len(order), 7)]
-            + [list(range(s, min(s + 32, len(texts)))) for s in range(0, len(texts), 32)])
-
-
-def served_deviation(got, want) -> float:
-    """The largest 1 - cosine between matching rows of two outputs (what ``validate`` measures as batch_dev), to
-    hold against ``Artifact.served_deviation_bound()``."""
-    import numpy as np
-
-    from bertopt.validate.compare import cosine_rows
-
-    got, want = np.atleast_2d(np.asarray(got)), np.atleast_2d(np.asarray(want))
-    if got.shape != want.shape:
-        raise AssertionError(f"served shape {got.shape} != in-process shape {want.shape}")
-    return float(np.max(1.0 - cosine_rows(got, want))) if len(got) else 0.0

@@ -1,0 +1,28 @@
+"""Served = validated: the batch compositions the serving tests send, and the deviation they hold against the
+artifact's recorded bound (``Artifact.served_deviation_bound()``)."""
+
+from __future__ import annotations
+
+
+def batch_compositions(texts: list[str], seed: int = 0) -> list[list[int]]:
+    """The same texts cut into other batches, as lists of indices into ``texts``: one at a time, in shuffled
+    groups of 7 (other neighbours, other padding) and 32 at a time in order."""
+    import random
+
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    return ([[i] for i in range(len(texts))] + [order[s:s + 7] for s in range(0, len(order), 7)]
+            + [list(range(s, min(s + 32, len(texts)))) for s in range(0, len(texts), 32)])
+
+
+def served_deviation(got, want) -> float:
+    """The largest 1 - cosine between matching rows of two outputs (what ``validate`` measures as batch_dev), to
+    hold against ``Artifact.served_deviation_bound()``."""
+    import numpy as np
+
+    from bertopt.validate.compare import cosine_rows
+
+    got, want = np.atleast_2d(np.asarray(got)), np.atleast_2d(np.asarray(want))
+    if got.shape != want.shape:
+        raise AssertionError(f"served shape {got.shape} != in-process shape {want.shape}")
+    return float(np.max(1.0 - cosine_rows(got, want))) if len(got) else 0.0
