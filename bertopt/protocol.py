@@ -60,7 +60,7 @@ HTTP_IDENTITY = b"\x00bertopt-http"
 class RequestError(ValueError):
     """A request that cannot be served, with a one-line reason; every front end answers it as an error reply
     (ZeroMQ: the error frame below; HTTP: a 4xx JSON body) and carries on. The request parsers raise nothing
-    else on any input (``tests/serve/test_serve_request_fuzz.py``)."""
+    else on any input (``tests/test_protocol_fuzz.py``)."""
 
 
 class ProtocolError(RequestError):

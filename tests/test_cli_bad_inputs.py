@@ -440,7 +440,7 @@ CASES = {
 
 
 def run_bertopt(argv, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")]),
            "COLUMNS": "300"}
     return subprocess.run([sys.executable, "-m", "bertopt.cli", *map(str, argv)], capture_output=True, text=True,

@@ -9,7 +9,7 @@ import pytest
 from bertopt.errors import UserError
 from bertopt.recipes import load_recipe
 
-RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("recipes").glob("*.yaml"))
+RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])

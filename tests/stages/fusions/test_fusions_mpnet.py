@@ -20,7 +20,7 @@ from bertopt.validate.compare import cosine_rows
 # short sentences and paragraphs together, so every batch is padded (mixed lengths)
 TEXTS = [t for t in corpus() if t][:24] + mixed_text()[:8]
 LAYERS = 2
-# same floors as tests/families/test_families_pipeline.py
+# same floors as tests/test_families_pipeline.py
 FLOORS = {"int8": 0.93, "fp16": 0.999}
 
 

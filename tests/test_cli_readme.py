@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def readme_stage_commands() -> list[list[str]]:

@@ -22,7 +22,7 @@ from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:64]
 LAYERS = 2
-# the floors of tests/families/test_families_pipeline.py
+# the floors of tests/test_families_pipeline.py
 FLOORS = {"fp16": 0.999, "int8": 0.93}
 
 

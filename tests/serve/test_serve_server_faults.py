@@ -10,7 +10,7 @@ from concurrent.futures import wait
 
 import numpy as np
 import pytest
-from test_serve_roundtrip import make_texts
+from test_serve_server import make_texts
 
 from bertopt.client import Client, ServerError
 from bertopt.harness import alive, free_port

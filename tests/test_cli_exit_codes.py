@@ -20,7 +20,7 @@ COMMANDS = sorted(typer.main.get_command(app).commands)
 
 
 def bertopt(argv, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")]), "COLUMNS": "300"}
     return subprocess.Popen([sys.executable, "-m", "bertopt.cli", *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from test_serve_hostile_input import _post_head, _raw_http
+from test_serve_server_hostile_input import _post_head, _raw_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(300)]
 

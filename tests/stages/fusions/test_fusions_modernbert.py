@@ -69,7 +69,7 @@ def test_int8_and_fp16_from_fused_artifact(tmp_path):
     ref = hf_reference(hf).encode(texts)
     onnx = run_stage("export", hf, {}, tmp_path / "onnx")
     opt = run_stage("optimize", onnx, {}, tmp_path / "opt")
-    floors = {"int8": 0.93, "fp16": 0.999}  # tests/families/test_families_pipeline.py's floors
+    floors = {"int8": 0.93, "fp16": 0.999}  # tests/test_families_pipeline.py's floors
     arts = {"int8": run_stage("quantize", opt, {"mode": "int8-dynamic"}, tmp_path / "int8"),
             "fp16": run_stage("quantize", opt, {"mode": "fp16"}, tmp_path / "fp16")}
     cos = {}

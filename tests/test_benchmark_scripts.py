@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "1", "--texts", "8", "--mixed-texts", "12", "--latency-calls", "2", "--batch-size", "4",
         "--seq-len", "24", "--latency-seq-len", "8"]
 
