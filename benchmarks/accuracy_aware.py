@@ -195,7 +195,8 @@ def main() -> None:
               "search": {k: search[k] for k in ("target", "measured_on", "evaluations", "search_s", "steps",
                                                 "kept_fp32")},
               "sensitivity": search["sensitivity"]}
-    from bertopt.records import machine_info, write_json
+    from bertopt.machine import machine_info
+    from bertopt.output_paths import write_json
     from bertopt.validate.reports import package_versions
 
     result["machine"], result["versions"] = machine_info(), package_versions()

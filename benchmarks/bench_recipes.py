@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     from rich.console import Console
 
     from bertopt import bench
-    from bertopt.records import machine_info, write_json
+    from bertopt.machine import machine_info
+    from bertopt.output_paths import write_json
 
     console = Console(width=200)
     say = progress_printer()

@@ -115,7 +115,7 @@ def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) ->
 
     import torch
 
-    from bertopt.records import cpu_features
+    from bertopt.machine import cpu_features
 
     if threads:
         torch.set_num_threads(threads)

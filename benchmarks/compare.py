@@ -72,7 +72,8 @@ def main(argv=None) -> int:
 
     from bertopt import bench
     from bertopt.artifact import Artifact
-    from bertopt.records import machine_info, write_json
+    from bertopt.machine import machine_info
+    from bertopt.output_paths import write_json
 
     console = Console(width=220)
     say = progress_printer()

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from bertopt import bench, records
+    from bertopt import bench, machine, output_paths
     from bertopt.data import corpus, mixed_text
     from bertopt.validate.batch import batch_deviation
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     say = progress_printer()
     settings = settings_from(args)
     reference, contenders = recipe_contenders(args, say)
-    machine = records.machine_info()
+    machine = machine.machine_info()
     say(f"load average before: {machine.get('load_average')}")
     everyone = [reference, *contenders]
     results = bench.measure(everyone, settings, reference=reference, progress=say)
@@ -86,9 +86,9 @@ def main(argv=None) -> int:
                       f"{r['mixed_texts_per_s']:.1f}", f"{r['vs']['old-default']['mixed']:.2f}",
                       f"{r['vs']['pt-fp32']['mixed']:.2f}", "yes" if r["meets_default_bar"] else "no")
     console.print(table)
-    say(f"load average after: {records.machine_info().get('load_average')}")
+    say(f"load average after: {machine.machine_info().get('load_average')}")
     path = output_path(args, "default_candidates")
-    records.write_json(path, {"benchmark": "default_candidates", "settings": vars(args) | {"out": str(args.out)},
+    output_paths.write_json(path, {"benchmark": "default_candidates", "settings": vars(args) | {"out": str(args.out)},
                             "machine": machine, "results": results})
     console.print(f"wrote {path}")
     return 0

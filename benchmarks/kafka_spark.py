@@ -141,7 +141,7 @@ def main() -> None:
 
     from bertopt.artifact import Artifact
     from bertopt.data import corpus
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
     from bertopt.runtime import Predictor
 
     work = Path(tempfile.mkdtemp(prefix="kafka-spark-bench-"))

@@ -325,7 +325,7 @@ def main(argv=None) -> int:
     import os
     import platform
 
-    from bertopt.records import machine_info
+    from bertopt.machine import machine_info
     from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -158,7 +158,8 @@ def main(args) -> int:
     from bertopt.bench import mixed_texts
     from bertopt.data import corpus
     from bertopt.errors import UserError
-    from bertopt.records import machine_info, write_json
+    from bertopt.machine import machine_info
+    from bertopt.output_paths import write_json
     from bertopt.sources import resolve_source
     from bertopt.validate.compare import cosine_rows
 

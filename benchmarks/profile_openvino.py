@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     from bertopt.artifact import Artifact
     from bertopt.bench import mixed_texts
     from bertopt.data import corpus
-    from bertopt.records import machine_info, write_json
+    from bertopt.machine import machine_info
+    from bertopt.output_paths import write_json
     from bertopt.runtime import Predictor
 
     console = Console(width=200)

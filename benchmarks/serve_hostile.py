@@ -159,7 +159,7 @@ def main() -> None:
     print(f"server peak RSS (VmHWM): {hwm:.0f} MiB")
     out = REPO / "benchmarks/results/serve_hostile.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    from bertopt.records import machine_info
+    from bertopt.machine import machine_info
 
     out.write_text(json.dumps({"results": results, "server_vm_hwm_mib": hwm, "repeat": args.repeat,
                                "machine": machine_info(), "python": platform.python_version()}, indent=2,

@@ -99,7 +99,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from bertopt.client import Client
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
     from bertopt.runtime import Predictor
     from bertopt.runtime.backends import default_threads
 

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from bertopt.artifact import Artifact
     from bertopt.data import mixed_text
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
     from bertopt.runtime import Predictor
     from bertopt.runtime.backends import default_threads
     from bertopt.spark import get_session, predict_dataframe, predict_udf

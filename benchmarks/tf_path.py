@@ -34,7 +34,7 @@ def main() -> None:
 
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.data import corpus, mixed_text
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
     from bertopt.registry import run_stage
     from bertopt.runtime import Predictor
     from bertopt.sources import resolve_source

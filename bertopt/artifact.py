@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
-from bertopt.records import write_json
+from bertopt.output_paths import write_json
 from bertopt.untrusted import json_depth
 
 FORMAT_VERSION = 1

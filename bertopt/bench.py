@@ -393,7 +393,8 @@ def register(app: typer.Typer) -> None:
         if json_out is not None:
             from dataclasses import asdict
 
-            from bertopt.records import machine_info, write_json
+            from bertopt.machine import machine_info
+            from bertopt.output_paths import write_json
 
             write_json(json_out, {"settings": asdict(settings), "machine": machine_info(), "results": results})
             console.print(f"wrote {json_out}")

@@ -17,7 +17,7 @@ from rich.markup import escape
 from bertopt.errors import BackendFailed, GateFailed, Terminated, UserError
 from bertopt.params import typer_parameters
 from bertopt.plugins import import_all
-from bertopt.reporting import console, err_console
+from bertopt.terminal import console, err_console
 
 app = typer.Typer(
     name="bertopt",
@@ -138,7 +138,7 @@ def run_command(
 
         print_result(result.tune, console)
         return
-    from bertopt.reporting import print_recipe_summary
+    from bertopt.terminal import print_recipe_summary
 
     print_recipe_summary(result, console)
     if result.validation is not None and not result.validation["passed"]:
@@ -149,7 +149,7 @@ def run_command(
 def inspect_command(artifact: Path = typer.Argument(..., help="Artifact folder.")) -> None:
     """Show an artifact: manifest, lineage chain, size, ops by type, precision."""
     from bertopt.artifact import Artifact
-    from bertopt.inspect_view import render
+    from bertopt.artifact_view import render
 
     render(Artifact.load(artifact), console)
 

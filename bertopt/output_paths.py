@@ -12,12 +12,14 @@
   and the lock file is removed on release.
 * ``temp_sibling`` names the hidden folder an output is built in (``.NAME.tmp-<pid>-<random>``); ``sweep_stale``
   removes such folders whose owner process is gone (a writer killed by SIGKILL), under the lock.
+* ``write_json`` writes a JSON file (a manifest, a report, a result) to a temp file and renames it into place.
 
 Ground layer: imports nothing of bertopt but ``errors``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,7 +27,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from bertopt.errors import UserError, check_writable
 
@@ -260,3 +262,19 @@ def check_links_inside(folder: Path, what: str) -> None:
                     rel = entry.relative_to(folder)
                     raise UserError(f"{what} {folder}: {rel} is a symbolic link to {os.readlink(entry)}, outside "
                                     "the folder; replace the link with the file itself or re-create the artifact")
+
+
+def _plain(value: Any) -> Any:
+    """A value JSON does not know: numpy scalars and arrays as numbers and lists, anything else as its string."""
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) else str(value)
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """``data`` as indented JSON at ``path``, written to a temp file and renamed into place (a reader never sees
+    half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_plain) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

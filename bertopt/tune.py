@@ -152,7 +152,7 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                     calibration_data: str | None = None) -> tuple[list[Candidate], list[Outcome]]:
     """The candidates worth building on this machine (cheapest first, so a passing one exists early when the
     budget is short), and those left out with why."""
-    from bertopt.records import cpu_features
+    from bertopt.machine import cpu_features
 
     features = cpu_features() if features is None else set(features)
     gpus = gpu_providers() if gpus is None else gpus
@@ -372,7 +372,7 @@ def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:
     then renamed into place (an existing artifact there is moved aside first): a reader never sees half an
     artifact, and an interruption leaves only a hidden temp folder that is removed."""
     from bertopt.artifact import MANIFEST_NAME, Artifact
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
 
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     old = None
@@ -408,8 +408,8 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
     to ``report_dir`` (default ``<out>-report``). Raises GateFailed when no candidate passes (the report is
     written first). ``say`` gets one line per event; ``progress(description, done, total)``."""
     from bertopt.artifact import Artifact
+    from bertopt.machine import machine_info
     from bertopt.params import resolve_config
-    from bertopt.records import machine_info
     from bertopt.registry import get_stage, preflight_stage, resolve_input, run_stage
 
     t_start = time.monotonic()
@@ -704,7 +704,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def write_reports(record: dict[str, Any], report_dir: Path, artifact_path: Path | None) -> None:
-    from bertopt.records import write_json
+    from bertopt.output_paths import write_json
 
     report_dir.mkdir(parents=True, exist_ok=True)
     write_json(report_dir / "tune.json", {**record, "artifact": str(artifact_path) if artifact_path else None})
@@ -749,7 +749,7 @@ def register(app) -> None:
         from rich.markup import escape
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from bertopt.reporting import console
+        from bertopt.terminal import console
 
         given = {k: v for k, v in kwargs.items() if k not in ("source", "out", "report_dir", "force")
                  and v is not None}

@@ -152,7 +152,7 @@ def test_mutated_manifests_load_or_are_refused_cleanly(fuzz_folder, tiny_onnx):
             assert loaded.model_path.resolve().is_relative_to(root) and loaded.digest == base["digest"]
             from rich.console import Console
 
-            from bertopt.inspect_view import render
+            from bertopt.artifact_view import render
 
             render(loaded, Console(file=io.StringIO(), width=100))  # what `bertopt inspect` shows
 

@@ -68,8 +68,8 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from bertopt.reporting import console
         from bertopt.spark.job import spark_predict
+        from bertopt.terminal import console
 
         # pyspark warns about pandas 3 on every UDF; it works, and the warning would bury the progress bar
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)

@@ -162,8 +162,7 @@ def _progress_poller(sc, group: str, report: Callable[[int, int], None], stop: t
 def write_marker(folder: Path, art, input: str) -> None:
     """The file that marks a folder as a spark-predict output (so --force may replace it later); readers of the
     Parquet folder (Spark, pyarrow, pandas) skip files starting with '_'."""
-    from bertopt.output_paths import OWN_MARKERS
-    from bertopt.records import write_json
+    from bertopt.output_paths import OWN_MARKERS, write_json
     from bertopt.version import __version__
 
     write_json(folder / OWN_MARKERS["spark-output"], {"written_by": "bertopt spark-predict", "bertopt": __version__,

@@ -31,7 +31,7 @@ def _validate_command():
     from bertopt.validate.params import VALIDATE_PARAMS
 
     def command(**kwargs: Any) -> None:
-        from bertopt.reporting import console
+        from bertopt.terminal import console
         from bertopt.validate.gate import validate_artifact
 
         given = {k: v for k, v in kwargs.items() if k not in ("artifact", "report_dir") and v is not None}

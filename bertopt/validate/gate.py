@@ -409,7 +409,7 @@ def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console, refe
     checks = gate_checks(plan, names, metrics, spark)
     passed = all(c["passed"] for c in checks)
 
-    from bertopt.records import machine_info
+    from bertopt.machine import machine_info
     from bertopt.validate.reports import package_versions, print_summary, write_reports
 
     result: dict[str, Any] = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bertopt.records import write_json
+from bertopt.output_paths import write_json
 
 _VERSION_PACKAGES = ("bertopt", "onnxruntime", "onnx", "numpy", "torch", "transformers", "tokenizers",
                      "tensorflow-cpu", "openvino", "pyspark", "matplotlib")

@@ -12,7 +12,7 @@ import pytest
 from bertopt.artifact import Artifact
 from bertopt.data import corpus
 from bertopt.errors import UserError
-from bertopt.records import cpu_features
+from bertopt.machine import cpu_features
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import numpy_helper
 
 from bertopt.errors import UserError
-from bertopt.records import has_int8_dot_product
+from bertopt.machine import has_int8_dot_product
 from bertopt.registry import run_stage
 from bertopt.stages.gptq import QMAX, gptq_round, output_error
 

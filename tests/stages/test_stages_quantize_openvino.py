@@ -11,7 +11,7 @@ from onnx import numpy_helper
 from bertopt.artifact import Artifact, sha256_file
 from bertopt.data import corpus
 from bertopt.errors import UserError
-from bertopt.records import has_int8_dot_product
+from bertopt.machine import has_int8_dot_product
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize_openvino import QMAX, quantizable_weights

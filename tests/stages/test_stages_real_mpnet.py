@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertopt.data import corpus, mixed_text
-from bertopt.records import has_int8_dot_product
+from bertopt.machine import has_int8_dot_product
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources import builtin_model_path

@@ -172,7 +172,7 @@ def test_run_comparison_carries_and_prints_the_task_figures(task_artifact):
     from rich.console import Console
 
     from bertopt.data import corpus
-    from bertopt.reporting import print_recipe_summary
+    from bertopt.terminal import print_recipe_summary
     from bertopt.validate.quick import compare_with_original
 
     _, art = task_artifact("rerank", "roberta")

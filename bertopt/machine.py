@@ -1,12 +1,10 @@
-"""What bertopt writes down about a run: the machine it ran on (benchmarks, validation reports) and JSON files,
-written atomically (manifests, results)."""
+"""The machine a run is on: its CPU's vector features (which kernels the runtimes use) and the record of it that
+benchmarks, validation reports and tune write down."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +59,3 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("MemTotal"):
                 info["memory_gb"] = round(int(line.split()[1]) / 1024 / 1024, 1)
     return info
-
-
-def _plain(value: Any) -> Any:
-    """A value JSON does not know: numpy scalars and arrays as numbers and lists, anything else as its string."""
-    tolist = getattr(value, "tolist", None)
-    return tolist() if callable(tolist) else str(value)
-
-
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    """``data`` as indented JSON at ``path``, written to a temp file and renamed into place (a reader never sees
-    half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_plain) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
