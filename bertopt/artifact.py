@@ -34,6 +34,7 @@ from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
 from bertopt.records import write_json
+from bertopt.tasks import DEFAULT_TASK, known_task
 from bertopt.untrusted import json_depth
 
 FORMAT_VERSION = 1
@@ -525,12 +526,11 @@ class Artifact:
 
 def canonical_model_info(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with the task in the contract's names and the family, id2label, problem_type and pair_input set."""
-    from bertopt.families import OLD_TASK_NAMES
-
     if not info:
         return info
     out = dict(info)
-    out["task"] = OLD_TASK_NAMES.get(out.get("task") or "embedding", out.get("task") or "embedding")
+    task = out.get("task") or DEFAULT_TASK
+    out["task"] = known_task(task) or task  # an unknown name stays as written (task_of falls back on the outputs)
     out.setdefault("family", "bert")
     out.setdefault("pair_input", out["task"] == "rerank")
     if out["task"] in ("classification", "rerank", "token-classification"):
