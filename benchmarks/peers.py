@@ -158,9 +158,9 @@ def main(args) -> int:
     from bertopt.bench import mixed_texts
     from bertopt.data import corpus
     from bertopt.errors import UserError
+    from bertopt.measure.compare import cosine_rows
     from bertopt.records import machine_info, write_json
     from bertopt.sources import resolve_source
-    from bertopt.validate.compare import cosine_rows
 
     console = Console(width=200)
     say = progress_printer()

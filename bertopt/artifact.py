@@ -487,7 +487,7 @@ class Artifact:
 
     def measured_batch_dev(self) -> float:
         """The batch deviation ``validate`` measured for this artifact and recorded in its manifest: the largest
-        1 - cosine between a text's output alone and the same text inside other batches (``validate/batch.py``).
+        1 - cosine between a text's output alone and the same text inside other batches (``measure/batch.py``).
         Raises UserError when no validation has measured it (a stage's declaration is no measurement)."""
         found = (self.manifest.get("validation") or {}).get("batch_invariance") or {}
         dev = found.get("batch_dev")

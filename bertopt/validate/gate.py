@@ -18,17 +18,20 @@ from typing import Any, Callable
 import numpy as np
 
 from bertopt.errors import GateFailed, UserError
-from bertopt.validate.targets import (
+from bertopt.measure.targets import (
     BATCH_METRICS,
-    FIDELITY_METRICS,
+    LABEL_METRICS,
     LATENCY_METRICS,
     PER_OUTPUT_METRICS,
     SPARK_METRICS,
-    TASK_METRICS,
     known_metrics,
 )
+from bertopt.tasks import FIDELITY_METRIC_TASK, FIDELITY_METRICS
 
 SPARK_TOLERANCE = 1e-5
+# the default bound of a batch-invariant artifact (1 - cosine, bertopt.measure.batch), also the default recipe's
+# gate
+INVARIANCE_BOUND = 1e-4
 
 
 def _quantile_key(q: float) -> str:
@@ -53,8 +56,6 @@ def _ints(values, flag: str) -> list[int]:
 def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
                          grid: set[str], task: str | None = None) -> None:
     """Every target must name something this run measures; say what to change when it does not."""
-    from bertopt.validate.task_metrics import TASK_METRICS as FIDELITY_TASK
-
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     qkey = _quantile_key(config["error_quantile"])
     for t in targets:
@@ -77,7 +78,7 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}': top-1 agreement is measured for classifier logits; output "
                                 f"'{output}' is {kinds[output]}-level")
             continue
-        if base in TASK_METRICS:
+        if base in LABEL_METRICS:
             if not config["label_column"]:
                 raise UserError(f"target '{t.metric}' needs labels; give a data file with a label column and "
                                 "--label-column NAME")
@@ -94,8 +95,9 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
             continue
         if base in FIDELITY_METRICS:
-            if task is not None and FIDELITY_TASK[base] != task:
-                raise UserError(f"target '{t.metric}': {base} is measured for {FIDELITY_TASK[base]} models; this "
+            measured_for = FIDELITY_METRIC_TASK[base]
+            if task is not None and measured_for != task:
+                raise UserError(f"target '{t.metric}': {base} is measured for {measured_for} models; this "
                                 f"artifact is a {task} model")
             continue
         if base in BATCH_METRICS:
@@ -212,18 +214,18 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     """Resolve and check the config, the artifact, the report folder, the targets and the data: every usage
     problem is a UserError here, before anything is run or written."""
     from bertopt.artifact import Artifact
+    from bertopt.measure.data import load_texts
+    from bertopt.measure.targets import parse_targets
     from bertopt.params import resolve_config
-    from bertopt.validate.data import load_texts
     from bertopt.validate.params import VALIDATE_PARAMS
-    from bertopt.validate.targets import parse_targets
 
     config = resolve_config(VALIDATE_PARAMS, config, "validate")
     if not isinstance(artifact, Artifact):
         artifact = Artifact.load(artifact)
     report_dir = _prepare_report_dir(Path(report_dir), artifact, config)
+    from bertopt.measure.data import Dataset
+    from bertopt.measure.fidelity import rerank_pairs
     from bertopt.runtime.tasks import check_pairs, task_of, task_output
-    from bertopt.validate.data import Dataset
-    from bertopt.validate.task_metrics import rerank_pairs
 
     outputs = artifact.outputs
     kinds = artifact.output_kinds
@@ -261,7 +263,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
 def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     """Artifact vs reference on the data: per-output statistics, error distributions (for the plots) and both
     runs' outputs."""
-    from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
+    from bertopt.measure.compare import compare_runs, cosine_rows, flatten_outputs
 
     data, config = plan.data, plan.config
     got = art.run(data.texts, data.pairs, outputs=names)
@@ -269,7 +271,7 @@ def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     accuracy = compare_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
                             quantile=config["error_quantile"])
     if plan.primary in accuracy and "error" not in accuracy[plan.primary]:
-        from bertopt.validate.task_metrics import task_fidelity
+        from bertopt.measure.fidelity import task_fidelity
 
         accuracy[plan.primary].update(task_fidelity(plan.task, art, data.texts, data.pairs, got[plan.primary],
                                                     want[plan.primary]))
@@ -301,7 +303,7 @@ def measure_task(plan: GatePlan, got, want) -> dict[str, Any] | None:
 def measure_latency(plan: GatePlan, art, ref, progress) -> dict[str, Any] | None:
     if not plan.config["latency"]:
         return None
-    from bertopt.validate.latency import measure_grid, summarize
+    from bertopt.measure.latency import measure_grid, summarize
 
     config = plan.config
     points = measure_grid({"artifact": art, "reference": ref}, plan.data.texts, plan.batch_sizes, plan.seq_lens,
@@ -310,10 +312,10 @@ def measure_latency(plan: GatePlan, art, ref, progress) -> dict[str, Any] | None
 
 
 def measure_batch_invariance(plan: GatePlan, art, names: list[str]) -> dict[str, Any] | None:
-    """The largest deviation of a text alone vs inside other batches (``bertopt.validate.batch``)."""
+    """The largest deviation of a text alone vs inside other batches (``bertopt.measure.batch``)."""
     if not plan.config["batch_check"]:
         return None
-    from bertopt.validate.batch import INVARIANCE_BOUND, batch_deviation
+    from bertopt.measure.batch import batch_deviation
 
     found = batch_deviation(art, plan.data.texts, plan.data.pairs, outputs=names)
     # the bound is the gate's own batch_dev target when it names one (bertopt tune gates at 1e-3), so the
@@ -351,7 +353,7 @@ def collect_metrics(plan: GatePlan, accuracy, task, latency, spark, batch) -> di
 
 
 def gate_checks(plan: GatePlan, names: list[str], metrics: dict[str, float], spark) -> list[dict[str, Any]]:
-    from bertopt.validate.targets import Target
+    from bertopt.measure.targets import Target
 
     checks = [_check(f"{name}: no NaN/Inf", Target(f"{name}.nan_or_inf", "<=", 0), metrics) for name in names]
     suffix = " (default)" if plan.targets_are_defaults else ""

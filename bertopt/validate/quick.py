@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bertopt.validate.compare import compare_runs
+from bertopt.measure.compare import compare_runs
 
 
 def measure_throughput(predictor, texts, repeats: int = 2, batch_size: int = 32) -> float:
@@ -29,8 +29,8 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     texts = texts if texts is not None else corpus()
     art = Predictor(artifact, threads=threads, verify=False)
     ref = reference_predictor(artifact, reference, threads=threads)
+    from bertopt.measure.fidelity import rerank_pairs, task_fidelity
     from bertopt.runtime.tasks import task_of, task_output
-    from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
 
     names = [n for n in art.output_names if n in ref.output_names]
     kinds = artifact.output_kinds

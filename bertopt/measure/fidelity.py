@@ -20,15 +20,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-# metric -> the task that measures it (target names in ``bertopt validate --targets``)
-TASK_METRICS = {
-    "max_prob_diff": "classification",
-    "token_label_agreement": "token-classification",
-    "entity_f1": "token-classification",
-    "ndcg_at_10": "rerank",
-    "spearman": "rerank",
-    "term_overlap_at_10": "sparse-embedding",
-}
 RERANK_QUERIES = 16   # built-in data for a reranker: these many queries ...
 RERANK_PASSAGES = 32  # ... each ranking the same passages
 
