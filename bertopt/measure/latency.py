@@ -1,4 +1,5 @@
-"""Timing: one call (``time_call``, what bench and tune time with), and the latency of the artifact and its
+"""Timing: one call (``time_call``, what bench and tune time with), the throughput of a text list
+(``measure_throughput``, the comparison ``bertopt run`` prints), and the latency of the artifact and its
 reference over a grid of batch sizes x sequence lengths (``measure_grid``, ``summarize``: the gate's latency).
 
 Each grid point feeds exactly ``batch`` inputs of exactly ``seq_len`` real tokens (cut from real text, so no
@@ -28,6 +29,15 @@ def time_call(fn: Callable[[], Any]) -> float:
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile of ``values``; NaN when there are none."""
     return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else float("nan")
+
+
+def measure_throughput(predictor, texts, repeats: int = 2, batch_size: int = 32) -> float:
+    """Texts per second over the whole list (best of ``repeats``; the first pass also warms up)."""
+    predictor.run(texts[:batch_size], batch_size=batch_size)
+    best = float("inf")
+    for _ in range(repeats):
+        best = min(best, time_call(lambda: predictor.run(texts, batch_size=batch_size)))
+    return len(texts) / best
 
 
 def fixed_length_feeds(predictor, texts: list[str], batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
