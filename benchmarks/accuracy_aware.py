@@ -113,8 +113,8 @@ def main() -> None:
 
 
     from bertopt.data import corpus, mixed_text
+    from bertopt.measure.compare import cosine_rows
     from bertopt.runtime import Predictor
-    from bertopt.validate.compare import cosine_rows
     from bertopt.validate.reference import reference_predictor
 
     print("building artifacts (reused when present)")

@@ -5,7 +5,7 @@ by side through the Predictor:
 
 * cos min / mean of the sentence embedding vs PyTorch fp32 on the built-in corpus and on ``mixed_text``;
 * batch deviation: the largest 1 - cosine between a text run alone and the same text inside batches of 1 (other
-  padding), 7 and 32 (other neighbours, other lengths), on both texts (``bertopt.validate.batch``);
+  padding), 7 and 32 (other neighbours, other lengths), on both texts (``bertopt.measure.batch``);
 * throughput on the mixed-text workload (length-bucketed batches of 32), interleaved rounds, as a ratio to the
   first candidate (today's default) and to PyTorch fp32.
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     from bertopt import bench, machine, output_paths
     from bertopt.data import corpus, mixed_text
-    from bertopt.validate.batch import batch_deviation
+    from bertopt.measure.batch import batch_deviation
 
     console = Console(width=200)
     say = progress_printer()

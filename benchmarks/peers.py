@@ -159,9 +159,9 @@ def main(args) -> int:
     from bertopt.data import corpus
     from bertopt.errors import UserError
     from bertopt.machine import machine_info
+    from bertopt.measure.compare import cosine_rows
     from bertopt.output_paths import write_json
     from bertopt.sources import resolve_source
-    from bertopt.validate.compare import cosine_rows
 
     console = Console(width=200)
     say = progress_printer()

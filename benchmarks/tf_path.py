@@ -34,12 +34,12 @@ def main() -> None:
 
     from bertopt.artifact import Artifact, is_artifact
     from bertopt.data import corpus, mixed_text
+    from bertopt.measure.compare import compare_runs
     from bertopt.output_paths import write_json
     from bertopt.registry import run_stage
     from bertopt.runtime import Predictor
     from bertopt.sources import resolve_source
     from bertopt.sources.hf import hf_reference
-    from bertopt.validate.compare import compare_runs
     from bertopt.validate.reference import reference_predictor
 
     out = args.out or Path(tempfile.mkdtemp(prefix="bertopt-tf-path-"))

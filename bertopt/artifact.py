@@ -34,6 +34,7 @@ from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
 from bertopt.output_paths import write_json
+from bertopt.tasks import DEFAULT_TASK, known_task
 from bertopt.untrusted import json_depth
 
 FORMAT_VERSION = 1
@@ -486,7 +487,7 @@ class Artifact:
 
     def measured_batch_dev(self) -> float:
         """The batch deviation ``validate`` measured for this artifact and recorded in its manifest: the largest
-        1 - cosine between a text's output alone and the same text inside other batches (``validate/batch.py``).
+        1 - cosine between a text's output alone and the same text inside other batches (``measure/batch.py``).
         Raises UserError when no validation has measured it (a stage's declaration is no measurement)."""
         found = (self.manifest.get("validation") or {}).get("batch_invariance") or {}
         dev = found.get("batch_dev")
@@ -525,12 +526,11 @@ class Artifact:
 
 def canonical_model_info(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with the task in the contract's names and the family, id2label, problem_type and pair_input set."""
-    from bertopt.families import OLD_TASK_NAMES
-
     if not info:
         return info
     out = dict(info)
-    out["task"] = OLD_TASK_NAMES.get(out.get("task") or "embedding", out.get("task") or "embedding")
+    task = out.get("task") or DEFAULT_TASK
+    out["task"] = known_task(task) or task  # an unknown name stays as written (task_of falls back on the outputs)
     out.setdefault("family", "bert")
     out.setdefault("pair_input", out["task"] == "rerank")
     if out["task"] in ("classification", "rerank", "token-classification"):

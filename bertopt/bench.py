@@ -17,13 +17,13 @@ The same functions back ``benchmarks/bench_recipes.py`` and ``benchmarks/compare
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import typer
 
+from bertopt.measure.latency import percentile, time_call
 from bertopt.params import BATCH_SIZE, RUNTIME, THREADS
 
 ProgressFn = Callable[[str], None]
@@ -150,19 +150,6 @@ def executed_flops(predictor, texts: Sequence[str], batch_size: int) -> float:
                for b in predictor.plan_batches(encodings, batch_size))
 
 
-# -- timing -----------------------------------------------------------------------------------------------------
-def time_call(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else float("nan")
-
-
 def measure(contenders: list[Contender], settings: Settings, reference: Contender | None = None,
             progress: ProgressFn | None = None) -> list[dict[str, Any]]:
     """Interleaved rounds over every contender; returns one result dict per contender (input order)."""
@@ -226,7 +213,7 @@ def measure(contenders: list[Contender], settings: Settings, reference: Contende
 def fidelity_against(results, contenders, reference: Contender, s: Settings, say: ProgressFn) -> None:
     """Cosine and neighbour agreement of each contender's primary output vs the reference's, on three sets."""
     from bertopt.data import corpus
-    from bertopt.validate.compare import compare_output
+    from bertopt.measure.compare import compare_output
 
     texts = corpus() if s.corpus_texts is None else corpus()[: s.corpus_texts]
     sets = {"corpus": (texts, None, None), "padded": (padded_texts(s.padded_texts), s.seq_len, s.seq_len),
@@ -252,10 +239,10 @@ def fidelity_against(results, contenders, reference: Contender, s: Settings, say
 
 
 def task_fidelity_against(results, contenders, reference: Contender, texts: list[str], say: ProgressFn) -> None:
-    """The task's own figures on the corpus (top-1 / entity F1 / NDCG@10 / term overlap; bertopt.validate.
-    task_metrics) in ``fidelity["task"]``; nothing for sentence embeddings (cosine says it all)."""
+    """The task's own figures on the corpus (top-1 / entity F1 / NDCG@10 / term overlap; bertopt.measure.
+    fidelity) in ``fidelity["task"]``; nothing for sentence embeddings (cosine says it all)."""
+    from bertopt.measure.fidelity import rerank_pairs, task_fidelity
     from bertopt.runtime.tasks import task_of, task_output
-    from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
 
     task = task_of(reference.predictor.artifact)
     if task == "embedding":

@@ -1,4 +1,4 @@
-"""One declaration per model family, and one per task: what every stage and the runtime read about a model.
+"""One declaration per model family: what every stage and the runtime read about a model (tasks: ``bertopt.tasks``).
 
 The idea is Optimum's per-model ONNX configs, written our way. A family says which inputs the model takes
 (with or without ``token_type_ids``), how many tokens its position table allows, what kind of tokenizer it
@@ -115,37 +115,3 @@ def family_for_config(config: dict[str, Any], where: str = "the model") -> Famil
         raise UserError(f"{where} is a {model_type or 'unknown'} model ({archs}), not an encoder bertopt supports; "
                         f"supported model types: {', '.join(supported_model_types())}")
     return fam
-
-
-# -- tasks -----------------------------------------------------------------------------------------------------
-
-TASKS = ("embedding", "classification", "token-classification", "rerank", "sparse-embedding")
-# names used by manifests written before the task contract
-OLD_TASK_NAMES = {"sentence-embedding": "embedding", "encoder": "embedding", "classifier": "classification",
-                  "token-classifier": "token-classification", "cross-encoder": "rerank", "splade": "sparse-embedding"}
-
-# the transformers head class suffix each task needs in the weights (embedding needs only the encoder)
-TASK_HEADS = {
-    "classification": "ForSequenceClassification",
-    "rerank": "ForSequenceClassification",
-    "token-classification": "ForTokenClassification",
-    "sparse-embedding": "ForMaskedLM",
-}
-
-# the primary output of each task, with its kind (the contract every surface reads)
-TASK_OUTPUTS = {
-    "embedding": ("sentence_embedding", "embedding"),
-    "classification": ("logits", "logits"),
-    "token-classification": ("logits", "token-logits"),
-    "rerank": ("logits", "score"),
-    "sparse-embedding": ("sparse_embedding", "sparse"),
-}
-
-
-def canonical_task(task: str | None) -> str:
-    if not task:
-        return "embedding"
-    task = OLD_TASK_NAMES.get(task, task)
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
-    return task

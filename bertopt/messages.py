@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bertopt.tasks import DEFAULT_TASK, known_task
 from bertopt.untrusted import json_depth, lone_surrogate
 
 _NO_ID = object()
@@ -169,10 +170,8 @@ class ResponseFormat:
     results (``result`` / ``results``, as ``Predictor.predict`` gives them; classifiers also ``label(s)``)."""
 
     def __init__(self, model_info: dict[str, Any], digest: str):
-        from bertopt.runtime.tasks import normalize_task
-
         self.digest = digest
-        self.task = normalize_task(model_info.get("task")) or "embedding"
+        self.task = known_task(model_info.get("task")) or DEFAULT_TASK
 
     def ok(self, rid: Any, values, single: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"id": rid}

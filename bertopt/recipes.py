@@ -209,7 +209,7 @@ def parse_recipe(data: Any, where: str, path: Path | None = None) -> Recipe:
             validate["targets"] = ",".join(f"{k}={v}" for k, v in validate["targets"].items())
         validate = resolve_config(VALIDATE_PARAMS, validate, f"{where}: validate")
         if validate.get("targets"):
-            from bertopt.validate.targets import parse_targets
+            from bertopt.measure.targets import parse_targets
 
             parse_targets(validate["targets"])
     name, model, out = _name_model_out(data, where, path)
@@ -347,7 +347,7 @@ def check_recipe(recipe: Recipe, base: Path, model: str | None = None) -> None:
         preflight_stage(get_stage(name), config, f"{where}: stages[{i}] {name}")
     if recipe.validate:
         check_input_files(VALIDATE_PARAMS, recipe.validate, f"{where}: validate")
-        from bertopt.validate.data import load_texts
+        from bertopt.measure.data import load_texts
 
         # reading the data now also catches a file with no real text or a missing column
         load_texts(recipe.validate["data"], recipe.validate["text_column"], recipe.validate["text_pair_column"],

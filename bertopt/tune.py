@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bertopt.errors import GateFailed, UserError
+from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, THREADS, Param
-from bertopt.validate.targets import targets_problem
 
 SAY = Callable[[str], None]
 
@@ -246,8 +246,8 @@ def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report
                    provider: str, batch_size: int) -> tuple[bool, dict[str, Any]]:
     """The release gate twice: every text alone (batch 1), then in batches of ``batch_size`` with the batch
     invariance check (recorded last, so the manifest's ``validation.batch_invariance`` is the batched run's)."""
+    from bertopt.measure.targets import BATCH_METRICS, Target, parse_targets
     from bertopt.validate.gate import validate_artifact
-    from bertopt.validate.targets import BATCH_METRICS, Target, parse_targets
 
     parsed = parse_targets(targets)
     # a bare batch_dev bounds every output, not just the primary one: the manifest records the worst over all
@@ -273,7 +273,7 @@ def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str
     """texts/s of each passing candidate on ``texts``: warm-up, then rounds interleaved (the order rotates each
     round so none is always first); the median round counts. Stops after the round in which the deadline passes
     (at least one round). Returns the rounds run."""
-    from bertopt.bench import time_call
+    from bertopt.measure.latency import time_call
     from bertopt.runtime import Predictor
 
     preds = {o.name: Predictor(o.artifact, provider=o.candidate.provider, threads=threads, batch_size=batch_size,
@@ -304,7 +304,7 @@ def _gate_data(data: str | None, text_column: str, max_texts: int | None, work: 
     """The gate's texts written to one JSONL file (built-in corpus + mixed text + the user's texts) and the
     timing texts (the user's, or the built-in mixed text)."""
     from bertopt.data import corpus, mixed_text
-    from bertopt.validate.data import load_texts
+    from bertopt.measure.data import load_texts
 
     def cap(texts: list[str]) -> list[str]:
         return texts if max_texts is None else texts[:max_texts]
@@ -422,7 +422,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
     _check_out(out, overwrite)
     _check_report_dir(report_dir)
     if config["data"]:
-        from bertopt.validate.data import load_texts
+        from bertopt.measure.data import load_texts
 
         load_texts(config["data"], config["text_column"])  # a bad file fails now, before any model work
     candidates, outcomes = plan_candidates(features, gpus, config["candidates"], config["data"])

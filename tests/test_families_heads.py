@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from bertopt.data import corpus
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.tiny_models import build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:64]
 PAIRS = TEXTS[1:] + TEXTS[:1]

@@ -9,11 +9,11 @@ import pytest
 
 from bertopt.data import corpus
 from bertopt.families import family_for_config
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference, read_model_info
 from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:64]
 # per-stage floor of the worst cosine to PyTorch over TEXTS; measured on these tiny random models (hidden 32,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bertopt.data import corpus
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t]
 

@@ -47,9 +47,9 @@ def test_default_recipe_end_to_end(cli, tmp_path):
 
 
 def test_the_default_recipe_gates_faithfulness_and_batch_invariance():
+    from bertopt.measure.targets import parse_targets
     from bertopt.recipes import find_recipe, load_recipe
     from bertopt.tune import default_tune_targets
-    from bertopt.validate.targets import parse_targets
 
     recipe = load_recipe(find_recipe(None))
     assert recipe.name == DEFAULT_RECIPE and recipe.tune is not None and not recipe.tune["targets"]

@@ -10,10 +10,10 @@ import pytest
 from tune_checks import TEXTS, check_reports
 
 from bertopt.artifact import Artifact
+from bertopt.measure.compare import cosine_rows
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 CASES = [(family, "embedding") for family in FAMILY_FIXTURES] + [
     ("roberta", "classification"), ("xlm-roberta", "token-classification"), ("electra", "rerank"),

@@ -24,42 +24,29 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.tasks import DEFAULT_TASK, TASK_SPECS, known_task, task_spec
 
-TASKS = ("embedding", "classification", "token-classification", "rerank", "sparse-embedding")
-# manifests written before the task contract
-LEGACY_TASKS = {"sentence-embedding": "embedding", "encoder": "embedding", "classifier": "classification",
-                "ner": "token-classification", "cross-encoder": "rerank", "splade": "sparse-embedding"}
-# the output kind that carries each task's result
-TASK_OUTPUT_KIND = {"embedding": "embedding", "classification": "logits", "token-classification": "token-logits",
-                    "rerank": "score", "sparse-embedding": "sparse"}
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 DEFAULT_IGNORE_LABELS = ("O",)
 
 
-# -- which task, which output --------------------------------------------------------------------------------
-def normalize_task(name: str | None) -> str | None:
-    if name is None:
-        return None
-    name = LEGACY_TASKS.get(str(name), str(name))
-    return name if name in TASKS else None
-
-
+# -- which task, which output (the tasks themselves: bertopt.tasks) ------------------------------------------
 def task_of(model) -> str:
     """The task of an artifact (or reference spec): the manifest's ``task``, else read from its outputs."""
-    task = normalize_task(model.model_info.get("task"))
+    task = known_task(model.model_info.get("task"))
     if task is not None:
         return task
     kinds = {o.get("kind") for o in model.outputs}
-    for name, kind in TASK_OUTPUT_KIND.items():
-        if name != "embedding" and kind in kinds:
-            return name
-    return "embedding"
+    for spec in TASK_SPECS:
+        if spec.name != DEFAULT_TASK and spec.output_kind in kinds:
+            return spec.name
+    return DEFAULT_TASK
 
 
 def task_output(model, task: str | None = None) -> str:
     """The name of the output that carries the task's result."""
     task = task or task_of(model)
-    kind = TASK_OUTPUT_KIND[task]
+    kind = task_spec(task).output_kind
     names = [o["name"] for o in model.outputs if o.get("kind") == kind]
     if not names and task == "classification":  # older classifiers without a kind
         names = [o["name"] for o in model.outputs if o["name"] == "logits"]

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError, require
-from bertopt.families import TASK_HEADS, TASK_OUTPUTS, TASKS, canonical_task, family_by_name, family_for_config
+from bertopt.families import family_by_name, family_for_config
+from bertopt.tasks import TASK_SPECS, TASKS, canonical_task, task_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model",
                    "tokenizer_config.json", "special_tokens_map.json")
@@ -120,9 +121,9 @@ def head_tasks(config: dict[str, Any]) -> set[str]:
     """The tasks the weights' heads allow (embedding always: every head sits on an encoder)."""
     archs = config.get("architectures") or []
     found = {"embedding"}
-    for task, suffix in TASK_HEADS.items():
-        if any(a.endswith(suffix) for a in archs):
-            found.add(task)
+    for spec in TASK_SPECS:
+        if spec.head and any(a.endswith(spec.head) for a in archs):
+            found.add(spec.name)
     return found
 
 
@@ -454,7 +455,7 @@ def input_specs(info: dict[str, Any]) -> list[dict[str, Any]]:
 def output_specs(info: dict[str, Any], pooling: str | list | None) -> list[dict[str, Any]]:
     """The contract's outputs for the task (each with its kind); the primary output is the last."""
     task = canonical_task(info.get("task"))
-    name, kind = TASK_OUTPUTS[task]
+    name, kind = task_spec(task).output, task_spec(task).output_kind
     if task in ("classification", "rerank"):
         return [{"name": name, "dtype": "float32", "shape": ["batch", 1 if task == "rerank" else info["num_labels"]],
                  "kind": kind}]

@@ -35,7 +35,7 @@ ACCURACY_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pa
 
 def accuracy_targets(config, art) -> list:
     """The parsed ``accuracy_target`` of ``config``, checked against ``art``'s outputs and the accuracy metrics."""
-    from bertopt.validate.targets import parse_targets
+    from bertopt.measure.targets import parse_targets
 
     targets = parse_targets(config["accuracy_target"])
     outputs = [o["name"] for o in art.outputs]
@@ -70,9 +70,9 @@ class Evaluator:
         self.evaluations = 0
 
     def __call__(self, model_path: Path) -> dict[str, float]:
+        from bertopt.measure.compare import compare_runs
         from bertopt.runtime import Predictor
         from bertopt.runtime.backends import ModelFile, open_session
-        from bertopt.validate.compare import compare_runs
 
         file = ModelFile(Path(model_path), runtime=self.runtime, runtime_options=self.runtime_options)
         predictor = Predictor(self.art, session=open_session(file, provider="cpu", threads=self.threads),
@@ -84,7 +84,7 @@ class Evaluator:
         if not isinstance(got[self.primary], list):
             # the ranking signal: mean cosine distance over the worst 10% of texts - tail-focused like cos_min,
             # but far less noisy than a single text's value when one operator is quantised alone
-            from bertopt.validate.compare import cosine_rows
+            from bertopt.measure.compare import cosine_rows
 
             dist = np.sort(1.0 - cosine_rows(got[self.primary], self.reference[self.primary]))[::-1]
             metrics["tail_cos_distance"] = float(dist[: max(1, len(dist) // 10)].mean())

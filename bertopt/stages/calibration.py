@@ -11,7 +11,7 @@ def load_calibration_texts(config) -> list[str]:
     from bertopt.data import calibration_texts
 
     if config["calibration_data"]:
-        from bertopt.validate.data import load_texts
+        from bertopt.measure.data import load_texts
 
         texts = load_texts(config["calibration_data"]).texts
     else:

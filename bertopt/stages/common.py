@@ -25,8 +25,8 @@ def format_handler(stage: str, model_format: str) -> Callable | None:
 def check_against(writer, reference: Artifact, texts: list[str], outputs: list[str] | None = None,
                   threads: int | None = None) -> dict[str, Any]:
     """Run ``texts`` through the staged model and ``reference``; return per-output accuracy stats."""
+    from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
-    from bertopt.validate.compare import compare_runs
 
     new = Predictor(writer.staged(), provider="cpu", threads=threads)
     old = Predictor(reference, provider="cpu", threads=threads, verify=False)

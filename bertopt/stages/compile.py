@@ -100,8 +100,8 @@ def precision_label(parent: str, inference_precision: str) -> str:
 
 def _check(view, parent, texts):
     """The staged artifact (with its runtime options) against its parent; returns (stats, session)."""
+    from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
-    from bertopt.validate.compare import compare_runs
 
     new = Predictor(view, provider="cpu", verify=False)
     old = Predictor(parent, provider="cpu", verify=False)

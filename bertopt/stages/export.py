@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.families import TASKS
 from bertopt.params import Param
+from bertopt.tasks import TASKS
 
 # sentence-transformers' pooling modes (kept here, not imported from sources.hf, so the CLI stays light)
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")

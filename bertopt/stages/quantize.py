@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
+from bertopt.measure.targets import targets_problem
 from bertopt.params import THREADS, Param
-from bertopt.validate.targets import targets_problem
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -83,7 +83,7 @@ PARAMS = [
 def preflight(config: dict[str, Any], where: str) -> None:
     """Checks that need no model, run before any stage of a recipe (or this stage's own work) starts."""
     if config.get("calibration_data"):
-        from bertopt.validate.data import load_texts
+        from bertopt.measure.data import load_texts
 
         try:
             load_texts(config["calibration_data"])

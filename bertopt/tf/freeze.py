@@ -117,10 +117,10 @@ def _name_inputs_and_outputs(graph_def, frozen, model) -> None:
 def _max_abs_diff_vs_source(writer, model) -> float:
     from bertopt.artifact import output_kinds
     from bertopt.data import corpus
+    from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import SourceModel
     from bertopt.stages.common import worst_abs_diff
-    from bertopt.validate.compare import compare_runs
 
     texts = corpus()[:48]
     frozen_pred = Predictor(writer.staged(), provider="cpu")

@@ -239,10 +239,10 @@ def export_checkpoint_to_savedmodel(source, config, out_dir: Path, overwrite: bo
 
 def _max_abs_diff_vs_pytorch(writer, hf_path: Path, pooling: str | None) -> float:
     from bertopt.data import corpus
+    from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
     from bertopt.sources.hf import hf_reference
     from bertopt.stages.common import worst_abs_diff
-    from bertopt.validate.compare import compare_runs
 
     texts = corpus()[:48]
     tf_pred = Predictor(writer.staged(), provider="cpu")

@@ -1,6 +1,7 @@
-"""The release gate: run an artifact and its reference on the same data, measure accuracy (per output), the
-task metric when there are labels, latency over a grid, optionally the Spark path; check every threshold; write
-reports (JSON, JUnit XML, Markdown, HTML with plots); record the result in the manifest.
+"""The release gate: run an artifact and its reference on the same data, measure (with ``bertopt.measure``)
+accuracy per output, the task metrics, the label metrics when there are labels, latency over a grid, batch
+invariance, optionally the Spark path; check every threshold; write reports (JSON, JUnit XML, Markdown, HTML
+with plots); record the result in the manifest.
 
 A missed threshold is a failed check, never a warning: ``validate_artifact(..., raise_on_fail=True)`` raises
 ``GateFailed`` (exit 1) after the reports are written. Usage problems (bad data file, unknown metric, a grid the
@@ -19,18 +20,29 @@ import numpy as np
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.extensions import load_extensions
-from bertopt.plugins import Registry
-from bertopt.validate.targets import (
+from bertopt.measure.batch import batch_deviation
+from bertopt.measure.compare import compare_runs, cosine_rows, flatten_outputs
+from bertopt.measure.data import Dataset, load_texts
+from bertopt.measure.fidelity import rerank_pairs, task_fidelity
+from bertopt.measure.labels import label_indices, label_metrics
+from bertopt.measure.latency import measure_grid, summarize
+from bertopt.measure.targets import (
     BATCH_METRICS,
-    FIDELITY_METRICS,
+    LABEL_METRICS,
     LATENCY_METRICS,
     PER_OUTPUT_METRICS,
     SPARK_METRICS,
-    TASK_METRICS,
+    Target,
     known_metrics,
+    parse_targets,
 )
+from bertopt.plugins import Registry
+from bertopt.tasks import FIDELITY_METRIC_TASK, FIDELITY_METRICS
 
 SPARK_TOLERANCE = 1e-5
+# the default bound of a batch-invariant artifact (1 - cosine, bertopt.measure.batch), also the default recipe's
+# gate
+INVARIANCE_BOUND = 1e-4
 
 
 def _quantile_key(q: float) -> str:
@@ -55,8 +67,6 @@ def _ints(values, flag: str) -> list[int]:
 def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
                          grid: set[str], task: str | None = None) -> None:
     """Every target must name something this run measures; say what to change when it does not."""
-    from bertopt.validate.task_metrics import TASK_METRICS as FIDELITY_TASK
-
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     qkey = _quantile_key(config["error_quantile"])
     for t in targets:
@@ -79,7 +89,7 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}': top-1 agreement is measured for classifier logits; output "
                                 f"'{output}' is {kinds[output]}-level")
             continue
-        if base in TASK_METRICS:
+        if base in LABEL_METRICS:
             if not config["label_column"]:
                 raise UserError(f"target '{t.metric}' needs labels; give a data file with a label column and "
                                 "--label-column NAME")
@@ -96,8 +106,9 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}' needs the Spark check; pass --spark")
             continue
         if base in FIDELITY_METRICS:
-            if task is not None and FIDELITY_TASK[base] != task:
-                raise UserError(f"target '{t.metric}': {base} is measured for {FIDELITY_TASK[base]} models; this "
+            measured_for = FIDELITY_METRIC_TASK[base]
+            if task is not None and measured_for != task:
+                raise UserError(f"target '{t.metric}': {base} is measured for {measured_for} models; this "
                                 f"artifact is a {task} model")
             continue
         if base in BATCH_METRICS:
@@ -105,43 +116,6 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
                 raise UserError(f"target '{t.metric}' needs the batch-invariance check; drop --no-batch-check")
             continue
         raise UserError(f"unknown metric '{t.metric}' in targets; known: " + ", ".join(known_metrics(qkey)))
-
-
-def _label_indices(labels: list[Any], model_info: dict[str, Any], num_classes: int, source: str) -> np.ndarray:
-    id2label = {int(k): str(v) for k, v in (model_info.get("id2label") or {}).items()}
-    label2id = {v: k for k, v in id2label.items()}
-    out = []
-    for row, value in enumerate(labels, 1):
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value.strip())
-        if isinstance(value, str):
-            if value not in label2id:
-                known = ", ".join(label2id) or "none (the model records no label names; use class numbers)"
-                raise UserError(f"{source}: row {row} has label {value!r}, which the model does not know "
-                                f"(labels: {known}); use the model's label names or class numbers")
-            value = label2id[value]
-        if not isinstance(value, int) or not 0 <= value < num_classes:
-            raise UserError(f"{source}: row {row} has label {value!r}; labels must be class numbers 0.."
-                            f"{num_classes - 1} or the model's label names")
-        out.append(value)
-    return np.asarray(out, dtype=np.int64)
-
-
-def task_metrics(pred: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
-    accuracy = float(np.mean(pred == labels)) if len(labels) else 0.0
-    f1s = []
-    for c in range(num_classes):
-        tp = int(np.sum((pred == c) & (labels == c)))
-        fp = int(np.sum((pred == c) & (labels != c)))
-        fn = int(np.sum((pred != c) & (labels == c)))
-        if tp + fp + fn == 0:
-            continue  # a class neither predicted nor present does not count in the macro average
-        f1s.append(2 * tp / (2 * tp + fp + fn))
-    return {"accuracy": accuracy, "f1": float(np.mean(f1s)) if f1s else 0.0}
 
 
 def _prepare_report_dir(report_dir: Path, artifact, config: dict[str, Any]) -> Path:
@@ -208,17 +182,13 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     problem is a UserError here, before anything is run or written."""
     from bertopt.artifact import Artifact
     from bertopt.params import resolve_config
-    from bertopt.validate.data import load_texts
     from bertopt.validate.params import VALIDATE_PARAMS
-    from bertopt.validate.targets import parse_targets
 
     config = resolve_config(VALIDATE_PARAMS, config, "validate")
     if not isinstance(artifact, Artifact):
         artifact = Artifact.load(artifact)
     report_dir = _prepare_report_dir(Path(report_dir), artifact, config)
     from bertopt.runtime.tasks import check_pairs, task_of, task_output
-    from bertopt.validate.data import Dataset
-    from bertopt.validate.task_metrics import rerank_pairs
 
     outputs = artifact.outputs
     kinds = artifact.output_kinds
@@ -248,7 +218,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
             raise UserError(f"--label-column needs a classifier (an output of kind logits); {artifact.path} has "
                             f"{', '.join(f'{k} ({v})' for k, v in kinds.items())}")
         num_classes = int(logits[0]["shape"][-1])
-        labels = _label_indices(data.labels, artifact.model_info, num_classes, data.source)
+        labels = label_indices(data.labels, artifact.model_info, num_classes, data.source)
     return GatePlan(artifact, config, report_dir, targets, targets_are_defaults, batch_sizes, seq_lens, outputs,
                     primary, kinds, data, labels, model_task)
 
@@ -256,16 +226,12 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
 def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     """Artifact vs reference on the data: per-output statistics, error distributions (for the plots) and both
     runs' outputs."""
-    from bertopt.validate.compare import compare_runs, cosine_rows, flatten_outputs
-
     data, config = plan.data, plan.config
     got = art.run(data.texts, data.pairs, outputs=names)
     want = ref.run(data.texts, data.pairs, outputs=names)
     accuracy = compare_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
                             quantile=config["error_quantile"])
     if plan.primary in accuracy and "error" not in accuracy[plan.primary]:
-        from bertopt.validate.task_metrics import task_fidelity
-
         accuracy[plan.primary].update(task_fidelity(plan.task, art, data.texts, data.pairs, got[plan.primary],
                                                     want[plan.primary]))
     distributions = {}
@@ -287,8 +253,8 @@ def measure_task(plan: GatePlan, got, want) -> dict[str, Any] | None:
         return None
     logit_name = next(o["name"] for o in plan.outputs if o.get("kind") == "logits")
     num_classes = int(np.asarray(got[logit_name]).shape[-1])
-    mine = task_metrics(np.asarray(got[logit_name]).argmax(1), plan.labels, num_classes)
-    theirs = task_metrics(np.asarray(want[logit_name]).argmax(1), plan.labels, num_classes)
+    mine = label_metrics(np.asarray(got[logit_name]).argmax(1), plan.labels, num_classes)
+    theirs = label_metrics(np.asarray(want[logit_name]).argmax(1), plan.labels, num_classes)
     return {"output": logit_name, "labels": len(plan.labels), "artifact": mine, "reference": theirs,
             "accuracy_degradation": theirs["accuracy"] - mine["accuracy"], "f1_degradation": theirs["f1"] - mine["f1"]}
 
@@ -296,8 +262,6 @@ def measure_task(plan: GatePlan, got, want) -> dict[str, Any] | None:
 def measure_latency(plan: GatePlan, art, ref, progress) -> dict[str, Any] | None:
     if not plan.config["latency"]:
         return None
-    from bertopt.validate.latency import measure_grid, summarize
-
     config = plan.config
     points = measure_grid({"artifact": art, "reference": ref}, plan.data.texts, plan.batch_sizes, plan.seq_lens,
                           warmup=config["warmup"], repeats=config["repeats"], progress=progress)
@@ -305,11 +269,9 @@ def measure_latency(plan: GatePlan, art, ref, progress) -> dict[str, Any] | None
 
 
 def measure_batch_invariance(plan: GatePlan, art, names: list[str]) -> dict[str, Any] | None:
-    """The largest deviation of a text alone vs inside other batches (``bertopt.validate.batch``)."""
+    """The largest deviation of a text alone vs inside other batches (``bertopt.measure.batch``)."""
     if not plan.config["batch_check"]:
         return None
-    from bertopt.validate.batch import INVARIANCE_BOUND, batch_deviation
-
     found = batch_deviation(art, plan.data.texts, plan.data.pairs, outputs=names)
     # the bound is the gate's own batch_dev target when it names one (bertopt tune gates at 1e-3), so the
     # manifest's "invariant" says what was actually required of this artifact
@@ -346,8 +308,6 @@ def collect_metrics(plan: GatePlan, accuracy, task, latency, spark, batch) -> di
 
 
 def gate_checks(plan: GatePlan, names: list[str], metrics: dict[str, float], spark) -> list[dict[str, Any]]:
-    from bertopt.validate.targets import Target
-
     checks = [_check(f"{name}: no NaN/Inf", Target(f"{name}.nan_or_inf", "<=", 0), metrics) for name in names]
     suffix = " (default)" if plan.targets_are_defaults else ""
     checks += [_check(f"{t}{suffix}", t, metrics) for t in plan.targets]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, PROVIDER, THREADS, Param
-from bertopt.validate.targets import targets_problem
 
 
 def _quantile(value) -> str | None:

@@ -3,21 +3,11 @@ built-in corpus (accuracy) and throughput at batch 32, measured alternately in t
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from bertopt.validate.compare import compare_runs
-
-
-def measure_throughput(predictor, texts, repeats: int = 2, batch_size: int = 32) -> float:
-    """Texts per second over the whole list (best of ``repeats``; the first pass also warms up)."""
-    predictor.run(texts[:batch_size], batch_size=batch_size)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        predictor.run(texts, batch_size=batch_size)
-        best = min(best, time.perf_counter() - t0)
-    return len(texts) / best
+from bertopt.measure.compare import compare_runs
+from bertopt.measure.fidelity import rerank_pairs, task_fidelity
+from bertopt.measure.latency import measure_throughput
 
 
 def compare_with_original(artifact, texts: list[str] | None = None, reference=None,
@@ -30,7 +20,6 @@ def compare_with_original(artifact, texts: list[str] | None = None, reference=No
     art = Predictor(artifact, threads=threads, verify=False)
     ref = reference_predictor(artifact, reference, threads=threads)
     from bertopt.runtime.tasks import task_of, task_output
-    from bertopt.validate.task_metrics import rerank_pairs, task_fidelity
 
     names = [n for n in art.output_names if n in ref.output_names]
     kinds = artifact.output_kinds

@@ -12,7 +12,8 @@ from task_models import TASK_TEXTS
 
 from bertopt.errors import UserError
 from bertopt.runtime import Predictor
-from bertopt.runtime.tasks import AGGREGATIONS, normalize_task, task_of
+from bertopt.runtime.tasks import AGGREGATIONS, task_of
+from bertopt.tasks import known_task
 from bertopt.tiny_models import NER_LABELS
 
 FAMILIES = ("bert", "roberta", "deberta-v2")  # WordPiece, byte-level BPE, SentencePiece (Unigram)
@@ -155,8 +156,8 @@ def test_unknown_aggregation_is_refused(task_artifact):
 
 
 def test_old_manifest_task_names_map_to_the_contract(tiny_onnx):
-    assert normalize_task("classifier") == "classification"
-    assert normalize_task("sentence-embedding") == "embedding"
-    assert normalize_task("encoder") == "embedding"
-    assert normalize_task("something-else") is None
+    assert known_task("classifier") == "classification"
+    assert known_task("sentence-embedding") == "embedding"
+    assert known_task("encoder") == "embedding"
+    assert known_task("something-else") is None
     assert task_of(tiny_onnx) == "embedding"

@@ -8,9 +8,9 @@ import pytest
 
 from bertopt.data import calibration_texts
 from bertopt.errors import UserError
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.validate.compare import cosine_rows
 
 
 def _cos_min_on_calibration(art, parent, n=128):

@@ -11,11 +11,11 @@ import pytest
 from bertopt.artifact import Artifact
 from bertopt.data import corpus
 from bertopt.errors import ArtifactError
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.tiny_models import build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:48]
 

@@ -12,10 +12,10 @@ from bertopt.artifact import Artifact, sha256_file
 from bertopt.data import corpus
 from bertopt.errors import UserError
 from bertopt.machine import has_int8_dot_product
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize_openvino import QMAX, quantizable_weights
-from bertopt.validate.compare import cosine_rows
 
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 

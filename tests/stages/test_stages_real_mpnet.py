@@ -12,10 +12,10 @@ import pytest
 
 from bertopt.data import corpus, mixed_text
 from bertopt.machine import has_int8_dot_product
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources import builtin_model_path
-from bertopt.validate.compare import cosine_rows
 
 pytestmark = pytest.mark.slow
 

@@ -47,10 +47,10 @@ def test_minilm_tf_path_each_stage(minilm_tf_run):
 
 def test_minilm_tf_path_vs_tf_original_and_pytorch(minilm_tf_run):
     from bertopt.data import corpus
+    from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
     from bertopt.sources import resolve_source
     from bertopt.sources.hf import hf_reference
-    from bertopt.validate.compare import compare_runs
     from bertopt.validate.reference import reference_predictor
 
     texts = corpus()

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from bertopt.data import corpus
+from bertopt.measure.batch import batch_deviation
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.validate.batch import batch_deviation
 
 FAST = ["--no-latency", "--max-texts", "96"]
 

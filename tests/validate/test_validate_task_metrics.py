@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bertopt.validate.task_metrics import (
+from bertopt.measure.fidelity import (
     classification_metrics,
     entity_f1,
     ndcg_at,

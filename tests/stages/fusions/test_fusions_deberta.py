@@ -13,12 +13,12 @@ import onnxruntime as ort
 import pytest
 
 from bertopt.data import corpus
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.stages.fusions import apply_fusion
 from bertopt.tiny_models import build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in corpus() if t][:64]
 LAYERS = 2

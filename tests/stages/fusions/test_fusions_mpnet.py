@@ -10,12 +10,12 @@ import onnx
 import pytest
 
 from bertopt.data import corpus, mixed_text
+from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.stages.fusions import apply_fusion
 from bertopt.tiny_models import build_tiny_family_model
-from bertopt.validate.compare import cosine_rows
 
 # short sentences and paragraphs together, so every batch is padded (mixed lengths)
 TEXTS = [t for t in corpus() if t][:24] + mixed_text()[:8]

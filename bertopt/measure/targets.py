@@ -12,22 +12,22 @@ import re
 from dataclasses import dataclass
 
 from bertopt.errors import UserError
+from bertopt.tasks import FIDELITY_METRICS
 
-# the metric names a target may use: what validate measures, by where it comes from
+# the metric names a target may use: what validate measures, by where it comes from (and FIDELITY_METRICS, each
+# task's own, declared per task in bertopt.tasks and measured by bertopt.measure.fidelity)
 PER_OUTPUT_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
                       "neighbour_agreement_at_10", "top1_agreement")
-TASK_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
+# measured against the data's labels (--label-column): the artifact's and the reference's task accuracy
+LABEL_METRICS = ("accuracy", "f1", "reference_accuracy", "reference_f1", "accuracy_degradation", "f1_degradation")
 LATENCY_METRICS = ("speedup", "speedup_min", "latency_ratio", "throughput", "latency_p50_ms", "latency_p90_ms",
                    "latency_p99_ms")
 SPARK_METRICS = ("spark_max_abs_diff",)
 BATCH_METRICS = ("batch_dev",)
-# each task's own fidelity metrics (bertopt.validate.task_metrics), measured on the task's output
-FIDELITY_METRICS = ("max_prob_diff", "token_label_agreement", "entity_f1", "ndcg_at_10", "spearman",
-                    "term_overlap_at_10")
 
 
 def known_metrics(quantile_key: str = "abs_err_p99") -> tuple[str, ...]:
-    return (PER_OUTPUT_METRICS + (quantile_key,) + FIDELITY_METRICS + TASK_METRICS + LATENCY_METRICS
+    return (PER_OUTPUT_METRICS + (quantile_key,) + FIDELITY_METRICS + LABEL_METRICS + LATENCY_METRICS
             + SPARK_METRICS + BATCH_METRICS)
 
 HIGHER_IS_BETTER = ("cos_", "agreement", "pass_fraction", "speedup", "throughput", "accuracy", "f1", "ndcg", "spearman",

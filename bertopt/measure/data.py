@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertopt.data import corpus
 from bertopt.errors import UserError, require
 
 TEXT_SUFFIXES = (".txt",)
@@ -53,8 +54,6 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
         if text_pair_column or label_column:
             raise UserError("the built-in corpus has neither sentence pairs nor labels; give a JSONL/CSV/Parquet "
                             "file with --data to use --text-pair-column or --label-column")
-        from bertopt.data import corpus
-
         return Dataset(corpus(), source="builtin")
     file = Path(path).expanduser()
     if not file.exists():

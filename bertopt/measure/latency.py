@@ -1,4 +1,6 @@
-"""Latency of the artifact and its reference over a grid of batch sizes x sequence lengths.
+"""Timing: one call (``time_call``, what bench and tune time with), the throughput of a text list
+(``measure_throughput``, the comparison ``bertopt run`` prints), and the latency of the artifact and its
+reference over a grid of batch sizes x sequence lengths (``measure_grid``, ``summarize``: the gate's latency).
 
 Each grid point feeds exactly ``batch`` inputs of exactly ``seq_len`` real tokens (cut from real text, so no
 padding) through ``Predictor.run_batch`` - the same call serving makes. After warm-up, the contenders take turns
@@ -10,11 +12,32 @@ from __future__ import annotations
 import math
 import time
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from bertopt.errors import UserError
+
+
+def time_call(fn: Callable[[], Any]) -> float:
+    """Seconds one call of ``fn`` takes (wall clock)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values``; NaN when there are none."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else float("nan")
+
+
+def measure_throughput(predictor, texts, repeats: int = 2, batch_size: int = 32) -> float:
+    """Texts per second over the whole list (best of ``repeats``; the first pass also warms up)."""
+    predictor.run(texts[:batch_size], batch_size=batch_size)
+    best = float("inf")
+    for _ in range(repeats):
+        best = min(best, time_call(lambda: predictor.run(texts, batch_size=batch_size)))
+    return len(texts) / best
 
 
 def fixed_length_feeds(predictor, texts: list[str], batch_size: int, seq_len: int) -> dict[str, np.ndarray]:

@@ -20,15 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-# metric -> the task that measures it (target names in ``bertopt validate --targets``)
-TASK_METRICS = {
-    "max_prob_diff": "classification",
-    "token_label_agreement": "token-classification",
-    "entity_f1": "token-classification",
-    "ndcg_at_10": "rerank",
-    "spearman": "rerank",
-    "term_overlap_at_10": "sparse-embedding",
-}
+from bertopt.errors import UserError
+
 RERANK_QUERIES = 16   # built-in data for a reranker: these many queries ...
 RERANK_PASSAGES = 32  # ... each ranking the same passages
 
@@ -36,8 +29,6 @@ RERANK_PASSAGES = 32  # ... each ranking the same passages
 def rerank_pairs(texts: Sequence[str], queries: int = RERANK_QUERIES,
                  passages: int = RERANK_PASSAGES) -> tuple[list[str], list[str]]:
     """(query, passage) pairs from plain texts: the first texts as queries, each ranking the next ones."""
-    from bertopt.errors import UserError
-
     texts = list(texts)
     if len(texts) < 3:
         raise UserError(f"a rerank model needs (query, passage) pairs; {len(texts)} text(s) cannot make them: give "

@@ -9,7 +9,7 @@ import pytest
 
 from bertopt.data import corpus
 from bertopt.errors import UserError
-from bertopt.validate.data import load_texts
+from bertopt.measure.data import load_texts
 
 
 def test_builtin_is_the_shipped_corpus():

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bertopt.measure.compare import cosine_rows
+
 BATCH_SIZES = (1, 7, 32)
 PROBE_TEXTS = 64
-# the default bound of a batch-invariant artifact (1 - cosine), also the default recipe's gate
-INVARIANCE_BOUND = 1e-4
 
 
 def probe_indices(lengths: Sequence[int], n: int = PROBE_TEXTS) -> list[int]:
@@ -35,8 +35,6 @@ def probe_indices(lengths: Sequence[int], n: int = PROBE_TEXTS) -> list[int]:
 
 def _row_deviation(a: np.ndarray, b: np.ndarray) -> float:
     """Largest 1 - cosine between matching rows of a and b (2-D)."""
-    from bertopt.validate.compare import cosine_rows
-
     if a.ndim == 1:
         a, b = a[None], b[None]
     return float(np.max(1.0 - cosine_rows(a, b))) if len(a) else 0.0
