@@ -80,7 +80,7 @@ def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     """fp16 weights and compute, fp32 inputs/outputs and fp32 islands; returns (model, fp32 node names)."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from bertopt.stages.onnx_util import ensure_node_names
+    from bertopt.onnx_graph.util import ensure_node_names
 
     ensure_node_names(model.graph)
     mask_nodes = mask_path_nodes(model.graph)
@@ -106,8 +106,8 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "fp16 conversion")
     if config["accuracy_target"]:
@@ -133,10 +133,10 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
     from bertopt.stages.calibration import load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)

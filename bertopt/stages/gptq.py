@@ -27,7 +27,7 @@ def weight_nodes(model) -> dict[str, str]:
 
     Inputs rescaled per token (``bertopt.stages.smoothing.per_token_scaling``) are traced back to the raw rows:
     the output error is multiplied back by each row's max, so the raw rows are what weigh it."""
-    from bertopt.stages.onnx_util import weight_matmuls
+    from bertopt.onnx_graph.util import weight_matmuls
     from bertopt.stages.smoothing import ROW_NORMALIZE_SUFFIX
 
     producers = {out: node for node in model.graph.node for out in node.output}
@@ -100,7 +100,7 @@ def apply_gptq(fp32_model, quantized_path: Path, hessians: dict[str, np.ndarray]
     import onnx
     from onnx import numpy_helper
 
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     originals = {i.name: i for i in fp32_model.graph.initializer}
     quantized = onnx.load(str(quantized_path))

@@ -98,10 +98,10 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.runtime import Predictor
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "int8 quantisation")
     if config["accuracy_target"]:
@@ -158,11 +158,11 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
     """int8 (dynamic or static) with the most sensitive operators kept fp32 until ``accuracy_target`` holds."""
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.runtime import Predictor
     from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)

@@ -79,7 +79,7 @@ def quantizable_weights(model, op_types) -> list[tuple[str, str, str]]:
     that reads a 2-D float initialiser, in graph order: the candidates for int8 weights."""
     import onnx
 
-    from bertopt.stages.onnx_util import weight_matmuls
+    from bertopt.onnx_graph.util import weight_matmuls
 
     floats = {i.name for i in model.graph.initializer
               if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
@@ -167,10 +167,10 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
     from bertopt.stages.compile import precision_label
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
     model = load_onnx(art.model_path)

@@ -51,7 +51,7 @@ def _near_gelu(start: str, step, limit: int = 4) -> bool:
 def node_roles(model) -> dict[str, str]:
     """Role of each weight MatMul / fused Attention: ``attention`` (fused QKV), ``ffn-in`` (feeds the GELU),
     ``ffn-out`` (fed by the GELU: the down-projection) or ``other`` (unfused QKV projections, attention output)."""
-    from bertopt.stages.onnx_util import weight_matmuls
+    from bertopt.onnx_graph.util import weight_matmuls
 
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
