@@ -14,7 +14,7 @@ from bertopt.errors import UserError
 from bertopt.records import has_int8_dot_product
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.quantize_openvino import QMAX, quantizable_weights
+from bertopt.stages.quantize.openvino_int8 import QMAX, quantizable_weights
 from bertopt.validate.compare import cosine_rows
 
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")

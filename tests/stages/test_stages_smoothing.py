@@ -15,7 +15,13 @@ from bertopt.data import calibration_texts
 from bertopt.errors import UserError
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.smoothing import channel_absmax, node_roles, per_token_scaling, smooth_model, split_first_token
+from bertopt.stages.quantize.smoothing import (
+    channel_absmax,
+    node_roles,
+    per_token_scaling,
+    smooth_model,
+    split_first_token,
+)
 from bertopt.validate.compare import cosine_rows
 
 TEXTS = [t for t in calibration_texts() if t.strip()][:48]

@@ -1,8 +1,8 @@
 """fp16 conversion of ONNX models: fp16 weights and compute, fp32 inputs/outputs, fp32 islands.
 
 LayerNorm, Softmax, reductions and the attention-mask path stay fp32 (their ranges overflow fp16: the mask's
-additive constant is about -3.4e38). With ``accuracy_target`` the search of :mod:`bertopt.stages.accuracy_aware`
-picks further fp32 islands until the target holds.
+additive constant is about -3.4e38). With ``accuracy_target`` the search of
+:mod:`bertopt.stages.quantize.accuracy_aware` picks further fp32 islands until the target holds.
 """
 
 from __future__ import annotations
@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
+from bertopt.params import Param
+from bertopt.stages.quantize.methods import Method
+
+KEEP_FP32_OPS = Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
+                      "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
+                      "Operator types kept in fp32.")
 
 
 def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[str]:
@@ -134,9 +140,9 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
-    from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
-    from bertopt.stages.calibration import load_calibration_texts
     from bertopt.stages.common import check_against
+    from bertopt.stages.quantize.accuracy_aware import accuracy_targets, node_costs, search
+    from bertopt.stages.quantize.calibration import load_calibration_texts
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -177,3 +183,6 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
                          "accuracy_vs_parent": stats})
         _refuse_nan(stats)
     return w.artifact
+
+
+METHODS = (Method("fp16 conversion", "fp16", "onnxruntime", (KEEP_FP32_OPS,), quantize_fp16),)
