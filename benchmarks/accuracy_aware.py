@@ -53,6 +53,7 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool, mode
     pruned = stage("prune", onnx, {}, work / "pruned")
     fp32 = stage("optimize", pruned, {}, work / "fp32")
     dyn = {"mode": "int8-dynamic", "per_channel": True}
+    ov = {"mode": "int8-dynamic", "runtime": "openvino"}  # always one scale per channel: no per_channel option
     outliers = {"smooth_alpha": alpha, "smooth_roles": ["attention"], "first_token_fp32": True, "per_token": True}
     variants = {
         "int8 per-tensor": stage("quantize", fp32, {"mode": "int8-dynamic", "per_channel": False},
@@ -78,16 +79,16 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool, mode
         # OpenVINO from the un-fused pruned model: bf16 for scale, then int8 weights with activations quantised
         # per token in groups of 32 channels inside the int8 MatMul (bertopt.stages.quantize.openvino_int8)
         "openvino bf16 (no int8)": stage("compile", pruned, {"runtime": "openvino"}, work / "ov-bf16"),
-        "openvino int8": stage("quantize", pruned, {**dyn, "runtime": "openvino"}, work / "ov-int8"),
-        "openvino int8 + GPTQ": stage("quantize", pruned, {**dyn, "runtime": "openvino", "weight_rounding": "gptq"},
+        "openvino int8": stage("quantize", pruned, ov, work / "ov-int8"),
+        "openvino int8 + GPTQ": stage("quantize", pruned, {**ov, "weight_rounding": "gptq"},
                                       work / "ov-int8-gptq"),
         # the recipe minilm-int8-accurate: embedding tables int8 too (59 -> 23 MB)
-        "openvino + GPTQ + search": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+        "openvino + GPTQ + search": stage("quantize", pruned, {**ov,
                                                                "op_types": ["MatMul", "Gather"],
                                                                "weight_rounding": "gptq", "accuracy_target": target,
                                                                "accuracy_group": group}, work / "ov-int8-gptq-aa"),
         # the same search with a stricter target, so it has something to keep fp32
-        "openvino search, 0.999": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+        "openvino search, 0.999": stage("quantize", pruned, {**ov,
                                                              "op_types": ["MatMul", "Gather"],
                                                              "weight_rounding": "gptq",
                                                              "accuracy_target": "cos_min=0.999",
