@@ -70,10 +70,11 @@ def test_options_that_do_not_apply_are_none_and_a_resolved_config_resolves_again
     assert ov["activation_group_size"] == 32 and ov["weight_rounding"] == "nearest" and ov["per_channel"] is None
 
 
-def test_a_method_pair_nobody_implements_names_the_choices():
-    with pytest.raises(UserError, match="^q: --runtime openvino quantises with --mode int8-dynamic, not --mode fp16; "
+def test_a_method_pair_nobody_implements_names_the_choices(tiny_onnx, tmp_path):
+    with pytest.raises(UserError, match="^--runtime openvino quantises with --mode int8-dynamic, not --mode fp16; "
                                         "use --runtime onnxruntime for --mode fp16$"):
-        resolve_config(PARAMS, {"mode": "fp16", "runtime": "openvino"}, "q")
+        run_stage("quantize", tiny_onnx, {"mode": "fp16", "runtime": "openvino"}, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_artifact_records_what_the_method_read(tiny_onnx, tmp_path):

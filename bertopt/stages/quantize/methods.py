@@ -64,8 +64,12 @@ class MethodParams(list):
         return " or ".join(self.flags(m) for m in methods)
 
     def method(self, config: dict[str, Any]) -> Method:
-        """The method a resolved config picks."""
-        return self.methods[(config["mode"], config["runtime"])]
+        """The method a resolved config picks; a mode and runtime no method implements is refused here, when the
+        stage runs (a ``bertopt tune`` candidate for a method this build lacks fails alone, not the whole tune)."""
+        method = self.methods.get((config["mode"], config["runtime"]))
+        if method is None:
+            raise UserError(self._no_method(config["mode"], config["runtime"]))
+        return method
 
     def resolve(self, given: dict[str, Any] | None, where: str) -> dict[str, Any]:
         """``resolve_config`` for this declaration: types, bounds and names as for any Param list, then the method
@@ -74,7 +78,7 @@ class MethodParams(list):
         config = resolve_config(list(self), given, where)
         method = self.methods.get((config["mode"], config["runtime"]))
         if method is None:
-            raise UserError(f"{where}: {self._no_method(config['mode'], config['runtime'])}")
+            return config  # refused by method() when the stage runs
         applies = {p.name for p in (*self.common, *method.params)}
         named = {str(k).replace("-", "_") for k, v in (given or {}).items() if v is not None}
         for p in self:
