@@ -108,6 +108,10 @@ def test_one_name_is_one_declaration():
     clash = SimpleNamespace(METHODS=(Method("clash", "int4", "onnxruntime", (other,), lambda *a: None),))
     with pytest.raises(ValueError, match="'per_token' is declared twice"):
         compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, clash])
+    threads = next(p for p in STAGE.SHARED if p.name == "threads")
+    shared = SimpleNamespace(METHODS=(Method("again", "int4", "onnxruntime", (threads,), lambda *a: None),))
+    with pytest.raises(ValueError, match="'threads' is shared by every method"):
+        compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, shared])
     twin = SimpleNamespace(METHODS=(Method("twin", "fp16", "onnxruntime", (), lambda *a: None),))
     with pytest.raises(ValueError, match="share one mode and runtime"):
         compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, twin])

@@ -47,6 +47,9 @@ class MethodParams(list):
         self.owners: dict[str, list[Method]] = {}
         for m in methods:
             for p in m.params:
+                if any(p.name == c.name for c in self.common):
+                    raise ValueError(f"quantize option '{p.name}' is shared by every method; leave it out of "
+                                     f"{m.title}'s group")
                 if p.name in declared and declared[p.name] is not p:
                     raise ValueError(f"quantize option '{p.name}' is declared twice; share one Param object")
                 declared[p.name] = p
