@@ -3,13 +3,12 @@
 Builds (or reuses) MiniLM -> ONNX -> pruned -> BERT-fused fp32, then int8 variants of it: dynamic per-tensor and
 per-channel (plain), the accuracy-aware search alone, + SmoothQuant smoothing of the attention input, + the [CLS]
 rows of the FFN MatMuls in fp32 and per-token activation scaling, the search on top of all of that, and those
-last two steps again with GPTQ-rounded weights (bertopt.stages.smoothing, bertopt.stages.accuracy_aware,
-bertopt.stages.gptq), and the OpenVINO path made from the pruned (un-fused) model: bf16 for scale, int8 weights
-with activations quantised per token in groups of 32 channels (nearest, GPTQ, GPTQ + search;
-bertopt.stages.quantize_openvino). For each: cosine mean/min of the sentence embedding
-against PyTorch fp32 on the built-in corpus (the gate's reference; the search only sees the calibration text), and
-throughput on mixed-length English text (length-bucketed batches of 32), every contender measured in interleaved
-rounds (A B C ... A B C ...), medians reported.
+last two steps again with GPTQ-rounded weights (smoothing, accuracy_aware and gptq in bertopt.stages.quantize),
+and the OpenVINO path made from the pruned (un-fused) model: bf16 for scale, int8 weights with activations
+quantised per token in groups of 32 channels (nearest, GPTQ, GPTQ + search; bertopt.stages.quantize.openvino_int8).
+For each: cosine mean/min of the sentence embedding against PyTorch fp32 on the built-in corpus (the gate's
+reference; the search only sees the calibration text), and throughput on mixed-length English text (length-bucketed
+batches of 32), every contender measured in interleaved rounds (A B C ... A B C ...), medians reported.
 
 "share" is the share of plain per-channel int8's speedup kept: the ratio of speedups over ORT fp32 (= ratio of
 throughputs); "gain sh" is the stricter (speedup - 1) / (plain int8 speedup - 1).
@@ -54,6 +53,7 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool, mode
     pruned = stage("prune", onnx, {}, work / "pruned")
     fp32 = stage("optimize", pruned, {}, work / "fp32")
     dyn = {"mode": "int8-dynamic", "per_channel": True}
+    ov = {"mode": "int8-dynamic", "runtime": "openvino"}  # always one scale per channel: no per_channel option
     outliers = {"smooth_alpha": alpha, "smooth_roles": ["attention"], "first_token_fp32": True, "per_token": True}
     variants = {
         "int8 per-tensor": stage("quantize", fp32, {"mode": "int8-dynamic", "per_channel": False},
@@ -77,18 +77,18 @@ def build(work: Path, target: str, group: int, alpha: float, rebuild: bool, mode
                                                     "accuracy_target": target, "accuracy_group": group},
                                  work / "int8-outliers-gptq-aa"),
         # OpenVINO from the un-fused pruned model: bf16 for scale, then int8 weights with activations quantised
-        # per token in groups of 32 channels inside the int8 MatMul (bertopt.stages.quantize_openvino)
+        # per token in groups of 32 channels inside the int8 MatMul (bertopt.stages.quantize.openvino_int8)
         "openvino bf16 (no int8)": stage("compile", pruned, {"runtime": "openvino"}, work / "ov-bf16"),
-        "openvino int8": stage("quantize", pruned, {**dyn, "runtime": "openvino"}, work / "ov-int8"),
-        "openvino int8 + GPTQ": stage("quantize", pruned, {**dyn, "runtime": "openvino", "weight_rounding": "gptq"},
+        "openvino int8": stage("quantize", pruned, ov, work / "ov-int8"),
+        "openvino int8 + GPTQ": stage("quantize", pruned, {**ov, "weight_rounding": "gptq"},
                                       work / "ov-int8-gptq"),
         # the recipe minilm-int8-accurate: embedding tables int8 too (59 -> 23 MB)
-        "openvino + GPTQ + search": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+        "openvino + GPTQ + search": stage("quantize", pruned, {**ov,
                                                                "op_types": ["MatMul", "Gather"],
                                                                "weight_rounding": "gptq", "accuracy_target": target,
                                                                "accuracy_group": group}, work / "ov-int8-gptq-aa"),
         # the same search with a stricter target, so it has something to keep fp32
-        "openvino search, 0.999": stage("quantize", pruned, {**dyn, "runtime": "openvino",
+        "openvino search, 0.999": stage("quantize", pruned, {**ov,
                                                              "op_types": ["MatMul", "Gather"],
                                                              "weight_rounding": "gptq",
                                                              "accuracy_target": "cos_min=0.999",

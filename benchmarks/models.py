@@ -218,7 +218,7 @@ def paired_vs_yardstick(rows: list[dict[str, Any]], model: str, stage: str) -> l
             zip(mine["pytorch-bf16"]["round_s"], mine[stage]["round_s"], yard["pytorch-bf16"], yard["best"])]
 
 
-# the fused operators that carry a family's attention (ONNX Runtime's, or bertopt's own in bertopt.stages.fusions)
+# the fused operators that carry a family's attention (ONNX Runtime's, or bertopt's own in bertopt.onnx_graph.fusions)
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "RotaryEmbedding", "DisentangledAttention")
 
 

@@ -34,7 +34,7 @@ class Family:
     fusion_model_type: str | None = "bert"
     # transformer fusions ONNX Runtime cannot do for this family (recorded in the optimize report)
     fusion_notes: str = ""
-    # bertopt's own attention fusion run after ONNX Runtime's (a module in bertopt.stages.fusions), or None
+    # bertopt's own attention fusion run after ONNX Runtime's (a module in bertopt.onnx_graph.fusions), or None
     attention_fusion: str | None = None
     # the class names of its heads (transformers), by task
     notes: str = ""
@@ -81,13 +81,13 @@ FAMILIES: tuple[Family, ...] = (
            attention_fusion="deberta",
            fusion_notes="disentangled attention: ONNX Runtime fuses LayerNorm and GELU; bertopt fuses attention "
                         "(c2p and p2c by block Gathers through one index per model, masks folded in; "
-                        "bertopt.stages.fusions.deberta)",
+                        "bertopt.onnx_graph.fusions.deberta)",
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),
            attention_fusion="modernbert",
            fusion_notes="rotary attention and GeGLU: ONNX Runtime fuses LayerNorm only; bertopt fuses the "
-                        "attention into RotaryEmbedding + MultiHeadAttention (bertopt.stages.fusions.modernbert)",
+                        "attention into RotaryEmbedding + MultiHeadAttention (bertopt.onnx_graph.fusions.modernbert)",
            notes="rotary positions, alternating local/global attention"),
 )
 

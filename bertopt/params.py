@@ -141,7 +141,10 @@ RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one 
 
 
 def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where: str) -> dict[str, Any]:
-    """Complete and check a config; unknown keys are an error naming the key and the known ones."""
+    """Complete and check a config; unknown keys are an error naming the key and the known ones. A declaration
+    with a ``resolve(given, where)`` of its own (the quantize stage's per-method groups) resolves itself."""
+    if hasattr(params, "resolve"):
+        return params.resolve(given, where)
     given = dict(given or {})
     known = {p.name: p for p in params}
     # accept the CLI spelling (max-seq-len) as well as the Python one (max_seq_len)

@@ -20,7 +20,7 @@ STAGE_MODULES = {
     "freeze": "bertopt.stages.freeze",
     "prune": "bertopt.stages.prune",
     "optimize": "bertopt.stages.optimize",
-    "quantize": "bertopt.stages.quantize",
+    "quantize": "bertopt.stages.quantize.stage",
     "compile": "bertopt.stages.compile",
 }
 

@@ -202,7 +202,7 @@ def _external_data_unlisted(h: Hostile):
     """The model keeps its weights in model.onnx_data, which the manifest does not list (never hashed)."""
     import onnx
 
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     dest, m = h.copy()
     save_onnx(onnx.load(str(dest / "model.onnx")), dest / "model.onnx", external=True)
@@ -244,7 +244,7 @@ def _model_named_otherwise_with_unlisted_data(h: Hostile):
     """An ONNX model file not named *.onnx still has its external data checked."""
     import onnx
 
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     dest, m = h.copy()
     save_onnx(onnx.load(str(dest / "model.onnx")), dest / "model.bin", external=True)
@@ -256,7 +256,7 @@ def _model_named_otherwise_with_unlisted_data(h: Hostile):
 def _point_external_data_outside(model_file: Path, outside: Path) -> None:
     import onnx
 
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     save_onnx(onnx.load(str(model_file)), model_file, external=True)
     data = model_file.with_name(model_file.name + "_data")
@@ -346,7 +346,7 @@ def test_good_artifacts_still_load_with_external_data_listed(tiny_onnx, tmp_path
     import onnx
 
     from bertopt.artifact import ArtifactWriter
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     with ArtifactWriter(tmp_path / "ext", stage="test", parent=tiny_onnx) as w:
         save_onnx(onnx.load(str(tiny_onnx.model_path)), w.dir / "model.onnx", external=True)

@@ -233,6 +233,37 @@ CASES = {
     "quantize --activation-group-size -1": lambda c: (
         ["quantize", c.tiny, "--runtime", "openvino", "--activation-group-size", "-1", "--out", c.tmp / "o"],
         "'activation_group_size' must be at least 0", [c.tmp / "o"]),
+    # an option of another quantize method is refused by the declaration: the option, its method, the fix
+    "quantize --mode int8-dynamic --calibration-method entropy": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-dynamic", "--calibration-method", "entropy", "--out", c.tmp / "o"],
+        "--calibration-method entropy applies to --mode int8-static only (ONNX Runtime static int8), not to "
+        "--mode int8-dynamic (ONNX Runtime dynamic int8); drop --calibration-method", [c.tmp / "o"]),
+    "quantize --mode int8-static --per-token": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--per-token", "--out", c.tmp / "o"],
+        "--per-token applies to --mode int8-dynamic only (ONNX Runtime dynamic int8), not to --mode int8-static "
+        "(ONNX Runtime static int8); drop --per-token", [c.tmp / "o"]),
+    "quantize --runtime openvino --smooth-alpha 0.5": lambda c: (
+        ["quantize", c.tiny, "--runtime", "openvino", "--smooth-alpha", "0.5", "--out", c.tmp / "o"],
+        "--smooth-alpha 0.5 applies to --mode int8-dynamic or --mode int8-static only (ONNX Runtime dynamic int8, "
+        "ONNX Runtime static int8), not to --mode int8-dynamic --runtime openvino (OpenVINO int8); drop "
+        "--smooth-alpha", [c.tmp / "o"]),
+    "quantize --mode fp16 --activation-group-size 8": lambda c: (
+        ["quantize", c.tiny, "--mode", "fp16", "--activation-group-size", "8", "--out", c.tmp / "o"],
+        "--activation-group-size 8 applies to --mode int8-dynamic --runtime openvino only (OpenVINO int8), not to "
+        "--mode fp16 (fp16 conversion); drop --activation-group-size", [c.tmp / "o"]),
+    "quantize --mode int8-dynamic --keep-fp32-ops Softmax": lambda c: (
+        ["quantize", c.tiny, "--keep-fp32-ops", "Softmax", "--out", c.tmp / "o"],
+        "--keep-fp32-ops Softmax applies to --mode fp16 only (fp16 conversion), not to --mode int8-dynamic (ONNX "
+        "Runtime dynamic int8); drop --keep-fp32-ops", [c.tmp / "o"]),
+    "quantize --mode fp16 --runtime openvino": lambda c: (
+        ["quantize", c.tiny, "--mode", "fp16", "--runtime", "openvino", "--out", c.tmp / "o"],
+        "--runtime openvino quantises with --mode int8-dynamic, not --mode fp16; use --runtime onnxruntime for "
+        "--mode fp16", [c.tmp / "o"]),
+    "run: a quantize step with another method's option": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: fp16, "
+                         "weight_rounding: gptq}\n"), "--out", c.tmp / "a"],
+        "stages[1] quantize: --weight-rounding gptq applies to --mode int8-dynamic or --mode int8-dynamic --runtime "
+        "openvino only", [c.tmp / "a"]),
     "compile --min-cosine 1.5": lambda c: (
         ["compile", c.tiny, "--min-cosine", "1.5", "--out", c.tmp / "o"], "'min_cosine' must be between 0 and 1",
         [c.tmp / "o"]),

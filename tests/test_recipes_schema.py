@@ -28,6 +28,9 @@ def _write(tmp_path, text):
     ("model: builtin:minilm\nstages: [export]\nmodle: x\n", "unknown key 'modle'"),
     ("stages:\n  - quantize: {mode: int4}\n", r"stages\[0\] quantize: 'mode' must be one of"),
     ("stages:\n  - export: {}\n  - quantize: {bits: 8}\n", r"stages\[1\] quantize: unknown parameter 'bits'"),
+    ("stages:\n  - export: {}\n  - quantize: {mode: int8-static, per_token: true}\n",
+     r"stages\[1\] quantize: --per-token applies to --mode int8-dynamic only \(ONNX Runtime dynamic int8\), not to "
+     r"--mode int8-static \(ONNX Runtime static int8\); drop --per-token"),
     ("stages:\n  - distill: {}\n", "unknown stage 'distill'"),
     ("stages: []\n", "'stages' must be a non-empty list"),
     ("stages: [export]\nvalidate: {treshold: 1}\n", "validate: unknown parameter 'treshold'"),

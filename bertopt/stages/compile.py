@@ -43,8 +43,8 @@ _ORT_DOMAIN = "com.microsoft"
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import copy_onnx, load_onnx
     from bertopt.stages.common import require_onnx_artifact
-    from bertopt.stages.onnx_util import copy_onnx, load_onnx
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":

@@ -165,8 +165,8 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.errors import require
     from bertopt.families import family_for_config
+    from bertopt.onnx_graph.util import copy_onnx, describe_io, load_onnx, save_onnx, uses_external_data
     from bertopt.sources.hf import copy_tokenizer, read_model_info
-    from bertopt.stages.onnx_util import copy_onnx, describe_io, load_onnx, save_onnx, uses_external_data
 
     require("onnx", "onnx", "importing ONNX models")
     model = load_onnx(source.path)

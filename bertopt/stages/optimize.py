@@ -3,11 +3,11 @@
 The fusion model type comes from the artifact's family declaration (``bertopt.families``): BERT, DistilBERT,
 RoBERTa / XLM-R and ELECTRA get every fusion; MPNet (relative attention bias), DeBERTa-v2 (disentangled
 attention) and ModernBERT (rotary attention, GeGLU) get ONNX Runtime's LayerNorm and GELU fusions only, which the
-report says. A family with ``attention_fusion`` then gets bertopt's own attention fusion (``bertopt.stages.fusions``):
-MPNet's attention becomes one MultiHeadAttention per layer (the relative position bias and the padding mask summed
-once into its attention_bias); DeBERTa-v2's disentangled attention gets its c2p + p2c terms by block Gathers
-through one index per model instead of GatherElements through per-layer (B, N, S, S) copies; ModernBERT's
-rotary attention becomes two RotaryEmbedding (q, k) + one MultiHeadAttention per layer."""
+report says. A family with ``attention_fusion`` then gets bertopt's own attention fusion
+(``bertopt.onnx_graph.fusions``): MPNet's attention becomes one MultiHeadAttention per layer (the relative position
+bias and the padding mask summed once into its attention_bias); DeBERTa-v2's disentangled attention gets its c2p +
+p2c terms by block Gathers through one index per model instead of GatherElements through per-layer (B, N, S, S)
+copies; ModernBERT's rotary attention becomes two RotaryEmbedding (q, k) + one MultiHeadAttention per layer."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
@@ -57,7 +57,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
                                only_onnxruntime=False)
     fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
     if family.attention_fusion:
-        from bertopt.stages.fusions import apply_fusion
+        from bertopt.onnx_graph.fusions import apply_fusion
 
         own = apply_fusion(family.attention_fusion, optimized.model, int(heads), int(hidden))
         fused.update(own)

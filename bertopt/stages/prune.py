@@ -34,8 +34,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
 def prune_onnx_artifact(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     model = load_onnx(art.model_path)
     keep = config["outputs"] or [o["name"] for o in art.outputs]

@@ -116,7 +116,7 @@ def convert_graph_def(graph_def, inputs: list[str], outputs: list[str], opset: i
     if bad:
         raise UserError(f"tf2onnx {tf2onnx.__version__} left operators ONNX cannot run: {', '.join(bad)}; "
                         "add a handler in bertopt.tf.to_onnx (@tf_op_handler) or report it")
-    from bertopt.stages.onnx_util import set_dynamic_axis_names
+    from bertopt.onnx_graph.util import set_dynamic_axis_names
 
     set_dynamic_axis_names(model)
     return model, {"tf_op_handlers_used": handled, "onnx_rewrites_applied": rewritten,
@@ -130,9 +130,9 @@ def export_graphdef_to_onnx(art, config, out_dir: Path, overwrite: bool):
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import graph_stats, save_onnx
     from bertopt.runtime.tf_session import check_frozen, load_graph_def
     from bertopt.stages.common import check_against, worst_abs_diff
-    from bertopt.stages.onnx_util import graph_stats, save_onnx
     from bertopt.tf.graph import graph_stats as tf_graph_stats
 
     source = None

@@ -10,7 +10,7 @@ from onnx import numpy_helper
 from bertopt.errors import UserError
 from bertopt.machine import has_int8_dot_product
 from bertopt.registry import run_stage
-from bertopt.stages.gptq import QMAX, gptq_round, output_error
+from bertopt.stages.quantize.gptq import QMAX, gptq_round, output_error
 
 
 def _problem(seed: int = 0, k: int = 48, n: int = 16, tokens: int = 800):

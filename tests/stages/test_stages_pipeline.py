@@ -104,7 +104,7 @@ def test_fp16_keeps_io_fp32_and_sensitive_ops_fp32(tiny_optimized, tmp_path):
 
 def test_fp16_on_unfused_graph_keeps_mask_path_fp32(tiny_onnx, tmp_path):
     """The additive attention mask (about -3.4e38) overflows fp16: its nodes must stay fp32."""
-    from bertopt.stages.fp16 import mask_path_nodes
+    from bertopt.stages.quantize.fp16 import mask_path_nodes
 
     model = onnx.load(str(tiny_onnx.model_path))
     assert mask_path_nodes(model.graph), "the exported graph has a mask path"

@@ -15,7 +15,7 @@ from bertopt.machine import has_int8_dot_product
 from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.quantize_openvino import QMAX, quantizable_weights
+from bertopt.stages.quantize.openvino_int8 import QMAX, quantizable_weights
 
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 
@@ -133,10 +133,11 @@ def test_accuracy_aware_search_keeps_sensitive_weights_fp32(tiny_onnx, tmp_path)
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"per_token": True}, "--per-token rewrite the graph for ONNX Runtime"),
+    ({"per_token": True}, "--per-token applies to --mode int8-dynamic only .ONNX Runtime dynamic int8., not to "
+                          "--mode int8-dynamic --runtime openvino .OpenVINO int8.; drop --per-token"),
     ({"mode": "int8-static"}, "--runtime openvino quantises with --mode int8-dynamic"),
     ({"mode": "fp16"}, "--runtime openvino quantises with --mode int8-dynamic"),
-    ({"per_channel": False}, "one scale per output channel"),
+    ({"per_channel": False}, "--no-per-channel applies to --mode int8-dynamic or --mode int8-static only"),
 ])
 def test_options_it_cannot_honour_are_refused(tiny_onnx, tmp_path, config, message):
     with pytest.raises(UserError, match=message):

@@ -16,7 +16,13 @@ from bertopt.errors import UserError
 from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.smoothing import channel_absmax, node_roles, per_token_scaling, smooth_model, split_first_token
+from bertopt.stages.quantize.smoothing import (
+    channel_absmax,
+    node_roles,
+    per_token_scaling,
+    smooth_model,
+    split_first_token,
+)
 
 TEXTS = [t for t in calibration_texts() if t.strip()][:48]
 

@@ -16,7 +16,7 @@ single outlier token ([CLS]) or channel coarsens every other value; on the bundl
 per-token, per-group activation scale inside the int8 kernel removes that error at no extra passes
 (docs/quantization.md has the measurements).
 
-With ``--accuracy-target`` the search of :mod:`bertopt.stages.accuracy_aware` keeps the most sensitive weights
+With ``--accuracy-target`` the search of :mod:`bertopt.stages.quantize.accuracy_aware` keeps the most sensitive weights
 fp32 (plain MatMul, run in the chosen float precision) until the target holds.
 """
 
@@ -29,11 +29,20 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.params import Param
+from bertopt.stages.compile import PARAMS as COMPILE_PARAMS
+from bertopt.stages.compile import precision_label, refuse_ort_contrib_ops
+from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
+from bertopt.stages.quantize.methods import Method
+
+ACTIVATION_GROUP_SIZE = Param("activation_group_size", int, 32, "Channels per activation scale (each token's "
+                              "activations are quantised to int8 in groups this wide inside the MatMul); 0 keeps "
+                              "activations in the float precision (weights-only int8).", min=0)
+# the compile stage's parameter, same meaning: the float precision of the OpenVINO execution the manifest records
+INFERENCE_PRECISION = next(p for p in COMPILE_PARAMS if p.name == "inference_precision")
 
 QMAX = 127  # symmetric int8 weights on [-127, 127], zero point 0 (the same grid as ONNX Runtime's quantiser)
 MIN_OPSET = 13  # per-axis DequantizeLinear
-# ONNX graph rewrites for ONNX Runtime's one-scale-per-matrix activations; OpenVINO's per-token groups replace them
-_ORT_ONLY = {"per_token": "--per-token", "first_token_fp32": "--first-token-fp32", "smooth_alpha": "--smooth-alpha"}
 
 
 def runtime_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -43,24 +52,11 @@ def runtime_options(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_config(art, model, config: dict[str, Any]) -> None:
-    """Refuse, with the fix, what this path cannot do."""
-    if config["mode"] != "int8-dynamic":
-        raise UserError("--runtime openvino quantises with --mode int8-dynamic (int8 weights, activations quantised "
-                        "at run time); for static int8 quantise with --runtime onnxruntime and run "
-                        "'bertopt compile --runtime openvino' on the result")
-    used = [flag for key, flag in _ORT_ONLY.items() if config.get(key)]
-    if used:
-        raise UserError(f"{', '.join(used)} rewrite the graph for ONNX Runtime's one-scale-per-matrix activations; "
-                        "OpenVINO quantises activations per token in groups of --activation-group-size channels, "
-                        "so drop them with --runtime openvino")
-    if not config["per_channel"]:
-        raise UserError("--runtime openvino stores int8 weights with one scale per output channel; drop "
-                        "--no-per-channel")
+    """Refuse, with the fix, what this path cannot do with this model (options of other methods are refused by
+    the declaration)."""
     if not set(WEIGHT_INPUTS) & set(config["op_types"]):
         raise UserError("--runtime openvino quantises weight MatMuls and embedding tables (Gather); name MatMul "
                         "and/or Gather in --op-types")
-    from bertopt.stages.compile import refuse_ort_contrib_ops
-
     refuse_ort_contrib_ops(art, model, "quantise the exported or pruned artifact (before 'optimize') with "
                            "--runtime openvino")
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
@@ -79,7 +75,7 @@ def quantizable_weights(model, op_types) -> list[tuple[str, str, str]]:
     that reads a 2-D float initialiser, in graph order: the candidates for int8 weights."""
     import onnx
 
-    from bertopt.stages.onnx_util import weight_matmuls
+    from bertopt.onnx_graph.util import weight_matmuls
 
     floats = {i.name for i in model.graph.initializer
               if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
@@ -115,7 +111,7 @@ def round_weight(weight: np.ndarray, axis: int, hessian: np.ndarray | None, cach
     row = None
     q = nearest
     if hessian is not None and axis == 1:
-        from bertopt.stages.gptq import round_with_report
+        from bertopt.stages.quantize.gptq import round_with_report
 
         q, row = round_with_report(key, weight, nearest, scale, hessian)
     result = (q, scale.astype(np.float32), row)
@@ -167,10 +163,9 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
-    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against
-    from bertopt.stages.compile import precision_label
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
+    from bertopt.stages.quantize.calibration import calibration_statistics, load_calibration_texts
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
     model = load_onnx(art.model_path)
@@ -195,7 +190,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
         w.extra["runtime_options"] = options
         search_report = None
         if config["accuracy_target"]:
-            from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
+            from bertopt.stages.quantize.accuracy_aware import accuracy_targets, node_costs, search
 
             targets = accuracy_targets(config, art)
             rows_by_path: dict[str, list] = {}
@@ -232,7 +227,11 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
         if search_report is not None:
             w.report["accuracy_search"] = search_report
         if hessians is not None:
-            from bertopt.stages.gptq import report_section
+            from bertopt.stages.quantize.gptq import report_section
 
             w.report["gptq"] = report_section(gptq_rows)
     return w.artifact
+
+
+METHODS = (Method("OpenVINO int8", "int8-dynamic", "openvino",
+                  (WEIGHT_ROUNDING, ACTIVATION_GROUP_SIZE, INFERENCE_PRECISION), quantize_int8_openvino),)

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.params import Param
 
+WEIGHT_ROUNDING = Param("weight_rounding", str, "nearest", "How weights are rounded to int8: 'nearest', or 'gptq' "
+                        "(each rounding error compensated on the weights not yet rounded, weighted by the "
+                        "calibration text's activations; same int8 format and speed, less output error).",
+                        choices=("nearest", "gptq"))
 QMAX = 127  # symmetric int8 weights: ONNX Runtime's quantiser uses [-127, 127] with zero point 0
 DAMPING = 0.01  # of the mean diagonal, added to H so it can be inverted when some inputs are (nearly) constant
 
@@ -25,10 +30,10 @@ DAMPING = 0.01  # of the mean diagonal, added to H so it can be inverted when so
 def weight_nodes(model) -> dict[str, str]:
     """Weight initialiser name -> the activation tensor it multiplies, for weight MatMuls and fused Attention.
 
-    Inputs rescaled per token (``bertopt.stages.smoothing.per_token_scaling``) are traced back to the raw rows:
+    Inputs rescaled per token (``bertopt.stages.quantize.smoothing.per_token_scaling``) are traced back to the raw rows:
     the output error is multiplied back by each row's max, so the raw rows are what weigh it."""
-    from bertopt.stages.onnx_util import weight_matmuls
-    from bertopt.stages.smoothing import ROW_NORMALIZE_SUFFIX
+    from bertopt.onnx_graph.util import weight_matmuls
+    from bertopt.stages.quantize.smoothing import ROW_NORMALIZE_SUFFIX
 
     producers = {out: node for node in model.graph.node for out in node.output}
     found: dict[str, str] = {}
@@ -44,7 +49,7 @@ def weight_nodes(model) -> dict[str, str]:
 def input_hessians(model, feeds_list: list[dict[str, np.ndarray]], threads: int | None = None) -> dict[str, np.ndarray]:
     """``X^T X`` (float64) of each weight's activation input over every token of every feed (one sentence a
     feed, so no padding rows), keyed by weight name."""
-    from bertopt.stages.smoothing import probed_activations
+    from bertopt.stages.quantize.smoothing import probed_activations
 
     wanted = weight_nodes(model)
     sums: dict[str, np.ndarray] = {}
@@ -100,7 +105,7 @@ def apply_gptq(fp32_model, quantized_path: Path, hessians: dict[str, np.ndarray]
     import onnx
     from onnx import numpy_helper
 
-    from bertopt.stages.onnx_util import save_onnx
+    from bertopt.onnx_graph.util import save_onnx
 
     originals = {i.name: i for i in fp32_model.graph.initializer}
     quantized = onnx.load(str(quantized_path))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertopt.stages.fusions.graph import (
+from bertopt.onnx_graph.fusions.graph import (
     GraphIndex,
     constant_scalar,
     remove_dead_nodes,

@@ -1,4 +1,5 @@
-"""Shared ONNX helpers for the stages: load with clear errors, save, count ops, describe inputs/outputs."""
+"""ONNX model files and graphs: load with clear errors, save (external data), count operators, describe
+inputs and outputs, find the MatMuls that carry a weight. Used by the stages, the TensorFlow export and the fusions."""
 
 from __future__ import annotations
 

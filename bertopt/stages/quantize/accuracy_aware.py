@@ -14,9 +14,9 @@ checked on the built-in corpus (``accuracy_vs_parent``), which the search never 
 The same search picks fp32 islands for fp16 (``--mode fp16 --accuracy-target ...``): "quantise" means "convert
 to fp16" there.
 
-This module is a library the quantisers call (``bertopt.stages.quantize_int8``, ``quantize_openvino``, ``fp16``):
-each hands :func:`search` its candidates and a ``build(kept, path)`` that writes one candidate model; the search
-never calls a quantiser back. Candidate models run through :mod:`bertopt.runtime`.
+This module is a library the quantisers call (``onnxruntime_int8``, ``openvino_int8``, ``fp16`` in
+``bertopt.stages.quantize``): each hands :func:`search` its candidates and a ``build(kept, path)`` that writes
+one candidate model; the search never calls a quantiser back. Candidate models run through :mod:`bertopt.runtime`.
 """
 
 from __future__ import annotations

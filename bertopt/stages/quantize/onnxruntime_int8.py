@@ -5,8 +5,8 @@ Static calibration feeds one sentence at a time, so padding never widens an acti
 puts [PAD] positions - values the model never uses - into every histogram). The ranges are computed once and
 cached in a JSON file, so the accuracy-aware search re-quantises without re-calibrating.
 
-With ``accuracy_target`` (:func:`search_int8_fallback`) the search of :mod:`bertopt.stages.accuracy_aware` keeps
-the most sensitive operators fp32 until the target holds.
+With ``accuracy_target`` (:func:`search_int8_fallback`) the search of
+:mod:`bertopt.stages.quantize.accuracy_aware` keeps the most sensitive operators fp32 until the target holds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,18 @@ import tempfile
 from pathlib import Path
 
 from bertopt.errors import UserError
+from bertopt.params import Param
+from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
+from bertopt.stages.quantize.methods import Method
+from bertopt.stages.quantize.smoothing import OUTLIER_PARAMS
+
+PER_CHANNEL = Param("per_channel", bool, True, "One scale per output channel of each weight (more faithful than "
+                    "per-tensor at the same speed).")
+PER_TOKEN = Param("per_token", bool, False, "Per-token activation scaling for weight MatMuls (each row divided by its "
+                  "max before the int8 MatMul and multiplied back), so one outlier token in a batch does not coarsen "
+                  "every other text's; costs a few elementwise ops per MatMul.")
+CALIBRATION_METHOD = Param("calibration_method", str, "minmax", "How activation ranges are chosen.",
+                           choices=("minmax", "entropy", "percentile"))
 
 # Percentile keeps 99.999% of values; Entropy and Percentile reduce outliers' pull on the range. Histogram
 # calibrators stack each collected batch into one array, which fails for sentences of different lengths, so they
@@ -98,10 +110,10 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.runtime import Predictor
-    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
+    from bertopt.stages.quantize.calibration import calibration_statistics, load_calibration_texts
 
     require("onnxruntime", "onnx", "int8 quantisation")
     if config["accuracy_target"]:
@@ -132,7 +144,7 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
             quantize_model_file(src, w.dir / "model.onnx", config, list(config["exclude_nodes"]) + fp32_added, calib,
                                 predictor)
             if hessians is not None:
-                from bertopt.stages.gptq import apply_gptq
+                from bertopt.stages.quantize.gptq import apply_gptq
 
                 gptq_report = apply_gptq(model, w.dir / "model.onnx", hessians)
         q = load_onnx(w.dir / "model.onnx")
@@ -158,11 +170,11 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
     """int8 (dynamic or static) with the most sensitive operators kept fp32 until ``accuracy_target`` holds."""
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.runtime import Predictor
-    from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
-    from bertopt.stages.calibration import calibration_statistics, load_calibration_texts
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
+    from bertopt.stages.quantize.accuracy_aware import accuracy_targets, node_costs, search
+    from bertopt.stages.quantize.calibration import calibration_statistics, load_calibration_texts
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -199,7 +211,7 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
                 quantize_model_file(src, path, config, user_excluded + fp32_added + kept, texts, predictor,
                                     calibration_cache=cache)
                 if hessians is not None:
-                    from bertopt.stages.gptq import apply_gptq
+                    from bertopt.stages.quantize.gptq import apply_gptq
 
                     gptq_reports[str(path)] = apply_gptq(model, path, hessians, gptq_cache)
 
@@ -221,3 +233,11 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
         if hessians is not None:
             w.report["gptq"] = chosen_gptq
     return w.artifact
+
+
+METHODS = (
+    Method("ONNX Runtime dynamic int8", "int8-dynamic", "onnxruntime",
+           (PER_CHANNEL, PER_TOKEN, WEIGHT_ROUNDING, *OUTLIER_PARAMS), quantize_int8),
+    Method("ONNX Runtime static int8", "int8-static", "onnxruntime",
+           (PER_CHANNEL, CALIBRATION_METHOD, *OUTLIER_PARAMS), quantize_int8),
+)

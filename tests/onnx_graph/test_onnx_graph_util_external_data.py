@@ -97,7 +97,7 @@ def test_large_models_are_saved_with_external_data(tmp_path, monkeypatch):
     """save_onnx moves weights out of the protobuf once a model nears its 2 GB limit (threshold lowered here)."""
     import onnx
 
-    from bertopt.stages import onnx_util
+    from bertopt.onnx_graph import util as onnx_util
 
     model = onnx.helper.make_model(onnx.helper.make_graph(
         [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "g",

@@ -1,4 +1,4 @@
-"""bertopt's DeBERTa-v2/v3 attention fusion (bertopt.stages.fusions.deberta): every disentangled attention block
+"""bertopt's DeBERTa-v2/v3 attention fusion (bertopt.onnx_graph.fusions.deberta): every disentangled attention block
 is rewritten (c2p and p2c by whole-block Gathers through one shared index, no GatherElements or per-layer index
 copies), the fused artifact computes what the export computes for every real token on padded batches of every
 shape and for every task head, and int8/fp16 built from it keep their fidelity."""
@@ -14,10 +14,10 @@ import pytest
 
 from bertopt.data import corpus
 from bertopt.measure.compare import cosine_rows
+from bertopt.onnx_graph.fusions import apply_fusion
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
-from bertopt.stages.fusions import apply_fusion
 from bertopt.tiny_models import build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:64]
@@ -99,7 +99,7 @@ def test_int8_and_fp16_from_the_fused_artifact_keep_fidelity(embedding):
 
 @pytest.mark.slow
 def test_per_token_static_and_accuracy_aware_int8_as_faithful_as_unfused(embedding, monkeypatch):
-    import bertopt.stages.fusions as fusions
+    import bertopt.onnx_graph.fusions as fusions
 
     hf, onnx_art, opt, tmp = embedding
     ref = hf_reference(hf).encode(TEXTS)

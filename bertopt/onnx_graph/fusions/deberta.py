@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from bertopt.stages.fusions.graph import GraphIndex, constant_array, remove_dead_nodes
+from bertopt.onnx_graph.fusions.graph import GraphIndex, constant_array, remove_dead_nodes
 
 
 class _Graph(GraphIndex):

@@ -35,14 +35,10 @@ def calibration_statistics(art, model, config):
     """What the outlier transforms and GPTQ need from the calibration text, measured once: returns
     (model after the configured outlier transforms, fp32 nodes they added, their report section or None,
     GPTQ's ``X^T X`` per weight of the transformed model or None for round-to-nearest)."""
-    from bertopt.stages.smoothing import outlier_transforms_wanted, prepare_for_int8
+    from bertopt.stages.quantize.smoothing import outlier_transforms_wanted, prepare_for_int8
 
     transforms = outlier_transforms_wanted(config)
     gptq = config.get("weight_rounding", "nearest") == "gptq"
-    if config["per_token"] and config["mode"] != "int8-dynamic":
-        raise UserError("--per-token applies to --mode int8-dynamic only; drop it for static int8")
-    if gptq and config["mode"] != "int8-dynamic":
-        raise UserError("--weight-rounding gptq applies to --mode int8-dynamic; drop it for static int8")
     if not (transforms or gptq):
         return model, [], None, None
     threads = config.get("threads")
@@ -52,7 +48,7 @@ def calibration_statistics(art, model, config):
         model, fp32_added, outliers = prepare_for_int8(model, config, feeds)
     hessians = None
     if gptq:
-        from bertopt.stages.gptq import input_hessians
+        from bertopt.stages.quantize.gptq import input_hessians
 
         hessians = input_hessians(model, feeds, threads=threads)
     return model, fp32_added, outliers, hessians

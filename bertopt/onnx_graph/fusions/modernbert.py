@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bertopt.stages.fusions.graph import GraphIndex, constant_array, remove_dead_nodes, topological_sort
+from bertopt.onnx_graph.fusions.graph import GraphIndex, constant_array, remove_dead_nodes, topological_sort
 
 # Longest sequence the rotary caches cover: the largest ModernBERT context (8192 tokens) with headroom.
 CACHE_POSITIONS = 8192

@@ -22,7 +22,20 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.params import Param
+
 ROLES = ("attention", "ffn-in", "ffn-out", "other")
+# the options of the ONNX Runtime int8 methods (dynamic and static) that switch these rewrites on
+SMOOTH_ALPHA = Param("smooth_alpha", float, None, "SmoothQuant-style smoothing strength (0-1, e.g. 0.5): activation "
+                     "outlier channels measured on the calibration text are divided out and folded into the weight "
+                     "rows before quantising (same function in fp32). Default: off.", min=0.0, max=1.0)
+SMOOTH_ROLES = Param("smooth_roles", list, ["attention", "ffn-in"], "With --smooth-alpha: which operators to smooth: "
+                     "attention (fused QKV), ffn-in, ffn-out (the GELU-fed down-projection), other (unfused QKV, "
+                     "attention output).")
+FIRST_TOKEN_FP32 = Param("first_token_fp32", bool, False, "Compute the first token ([CLS], whose activations dwarf "
+                         "the others') of the FFN MatMuls in fp32, so the int8 activation range fits the ordinary "
+                         "tokens.")
+OUTLIER_PARAMS = (SMOOTH_ALPHA, SMOOTH_ROLES, FIRST_TOKEN_FP32)
 # ops whose output is a GELU activation: fused (ORT transformers optimizer) or an exported exact GELU (has an Erf)
 _GELU_OPS = ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")
 _WEIGHT_OPS = ("MatMul", "Gemm", "Attention", "MatMulInteger", "QAttention")
@@ -51,7 +64,7 @@ def _near_gelu(start: str, step, limit: int = 4) -> bool:
 def node_roles(model) -> dict[str, str]:
     """Role of each weight MatMul / fused Attention: ``attention`` (fused QKV), ``ffn-in`` (feeds the GELU),
     ``ffn-out`` (fed by the GELU: the down-projection) or ``other`` (unfused QKV projections, attention output)."""
-    from bertopt.stages.onnx_util import weight_matmuls
+    from bertopt.onnx_graph.util import weight_matmuls
 
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}

@@ -1,8 +1,8 @@
 """fp16 conversion of ONNX models: fp16 weights and compute, fp32 inputs/outputs, fp32 islands.
 
 LayerNorm, Softmax, reductions and the attention-mask path stay fp32 (their ranges overflow fp16: the mask's
-additive constant is about -3.4e38). With ``accuracy_target`` the search of :mod:`bertopt.stages.accuracy_aware`
-picks further fp32 islands until the target holds.
+additive constant is about -3.4e38). With ``accuracy_target`` the search of
+:mod:`bertopt.stages.quantize.accuracy_aware` picks further fp32 islands until the target holds.
 """
 
 from __future__ import annotations
@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
+from bertopt.params import Param
+from bertopt.stages.quantize.methods import Method
+
+KEEP_FP32_OPS = Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
+                      "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
+                      "Operator types kept in fp32.")
 
 
 def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[str]:
@@ -80,7 +86,7 @@ def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     """fp16 weights and compute, fp32 inputs/outputs and fp32 islands; returns (model, fp32 node names)."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from bertopt.stages.onnx_util import ensure_node_names
+    from bertopt.onnx_graph.util import ensure_node_names
 
     ensure_node_names(model.graph)
     mask_nodes = mask_path_nodes(model.graph)
@@ -106,8 +112,8 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.errors import require
+    from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import graph_stats, load_onnx, match_external_data, save_onnx
 
     require("onnxruntime", "onnx", "fp16 conversion")
     if config["accuracy_target"]:
@@ -133,10 +139,10 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
-    from bertopt.stages.accuracy_aware import accuracy_targets, node_costs, search
-    from bertopt.stages.calibration import load_calibration_texts
+    from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against
-    from bertopt.stages.onnx_util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
+    from bertopt.stages.quantize.accuracy_aware import accuracy_targets, node_costs, search
+    from bertopt.stages.quantize.calibration import load_calibration_texts
 
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
@@ -177,3 +183,6 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
                          "accuracy_vs_parent": stats})
         _refuse_nan(stats)
     return w.artifact
+
+
+METHODS = (Method("fp16 conversion", "fp16", "onnxruntime", (KEEP_FP32_OPS,), quantize_fp16),)

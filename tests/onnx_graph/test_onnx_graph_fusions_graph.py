@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from bertopt.stages.fusions.graph import remove_dead_nodes, topological_sort
+from bertopt.onnx_graph.fusions.graph import remove_dead_nodes, topological_sort
 
 
 def _graph_out_of_order() -> onnx.ModelProto:

@@ -22,5 +22,5 @@ def apply_fusion(name: str, model: Any, num_heads: int, hidden_size: int) -> dic
     """Run the fusion module ``name`` (one of ``FUSIONS``) on ``model`` in place; the counts of fused operators."""
     if name not in FUSIONS:
         raise ValueError(f"unknown attention fusion {name!r}; known: {', '.join(FUSIONS)}")
-    module = importlib.import_module(f"bertopt.stages.fusions.{name}")
+    module = importlib.import_module(f"bertopt.onnx_graph.fusions.{name}")
     return {k: int(v) for k, v in module.fuse(model, num_heads, hidden_size).items() if v}

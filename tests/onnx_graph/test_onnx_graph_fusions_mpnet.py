@@ -1,4 +1,4 @@
-"""bertopt's MPNet attention fusion (``bertopt.stages.fusions.mpnet``): each layer's attention becomes one
+"""bertopt's MPNet attention fusion (``bertopt.onnx_graph.fusions.mpnet``): each layer's attention becomes one
 ``com.microsoft.MultiHeadAttention`` whose ``attention_bias`` (relative position bias + padding mask) is computed
 once; the fused graph answers as the export does on every MPNet task head, and int8 / fp16 made from it keep
 their fidelity."""
@@ -11,10 +11,10 @@ import pytest
 
 from bertopt.data import corpus, mixed_text
 from bertopt.measure.compare import cosine_rows
+from bertopt.onnx_graph.fusions import apply_fusion
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
-from bertopt.stages.fusions import apply_fusion
 from bertopt.tiny_models import build_tiny_family_model
 
 # short sentences and paragraphs together, so every batch is padded (mixed lengths)

@@ -1,4 +1,4 @@
-"""ModernBERT's own attention fusion (bertopt.stages.fusions.modernbert): each rotary attention block becomes two
+"""ModernBERT's own attention fusion (bertopt.onnx_graph.fusions.modernbert): each rotary attention block becomes two
 RotaryEmbedding + one MultiHeadAttention, the optimized artifact still equals the export on padded mixed-length
 batches (longer than the local attention window) for every task head, and int8 / fp16 built from it keep the
 fidelity the family pipeline test asks of them."""
@@ -12,9 +12,9 @@ import pytest
 
 from bertopt.data import corpus
 from bertopt.errors import UserError
+from bertopt.onnx_graph.util import load_onnx
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
-from bertopt.stages.onnx_util import load_onnx
 from bertopt.tiny_models import build_tiny_family_model
 
 # mixed lengths: short texts padded next to long ones (beyond the tiny models' 16-token local attention window)
@@ -101,7 +101,7 @@ def test_task_heads_equal_to_export(task, tmp_path):
 def test_other_graph_left_unchanged(tmp_path):
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from bertopt.stages.fusions.modernbert import fuse
+    from bertopt.onnx_graph.fusions.modernbert import fuse
 
     hf = build_tiny_family_model(tmp_path / "hf", "bert", layers=LAYERS)
     onnx = run_stage("export", hf, {}, tmp_path / "onnx")

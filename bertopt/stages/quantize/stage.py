@@ -1,0 +1,75 @@
+"""quantize: fp16, dynamic int8, static int8 (calibrated), optionally accuracy-aware.
+
+One method per precision and runtime, each declared by its module with the options only it reads
+(:mod:`~bertopt.stages.quantize.methods`): ONNX Runtime dynamic and static int8 (``onnxruntime_int8.py``),
+OpenVINO int8 (``openvino_int8.py``) and fp16 (``fp16.py``). This module declares the options they all share and
+picks the method from ``--mode`` and ``--runtime``; an option of another method is refused when the config is
+resolved. Each method calls the accuracy search of :mod:`~bertopt.stages.quantize.accuracy_aware` when an
+``accuracy_target`` is given. A new method is one module with ``METHODS`` and one line in ``METHOD_MODULES``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bertopt.errors import UserError
+from bertopt.measure.targets import targets_problem
+from bertopt.params import THREADS, Param
+from bertopt.stages.quantize import fp16, onnxruntime_int8, openvino_int8
+from bertopt.stages.quantize.methods import compose
+
+NAME = "quantize"
+HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
+
+METHOD_MODULES = (
+    fp16,
+    onnxruntime_int8,  # ONNX Runtime dynamic int8, ONNX Runtime static int8
+    openvino_int8,  # OpenVINO int8 (int8 weights, activations quantised per token at run time)
+)
+
+# what every method reads
+SHARED = (
+    Param("op_types", list, ["MatMul", "Attention", "Gemm"], "int8: operator types to quantise (with --runtime "
+          "openvino: weight MatMuls, and Gather for the embedding tables); with --accuracy-target also the "
+          "operators the search may keep fp32."),
+    Param("exclude_nodes", list, [], "Node names to keep in fp32 (int8) or fp32 islands (fp16)."),
+    Param("calibration_data", str, None, "Calibration text for static int8, smoothing, GPTQ and the accuracy "
+          "search: a text file, one sentence a line (default: bertopt's built-in calibration text).", file=True),
+    Param("calibration_size", int, 128, "How many calibration sentences to use.", min=1),
+    Param("accuracy_target", str, None, "Keep the most sensitive operators in fp32 until the target holds, "
+          "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=targets_problem),
+    Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
+          "fp32 per search step (smaller: fewer kept, more steps).", min=1),
+    THREADS,
+)
+
+PARAMS = compose(
+    "Precision to produce.", "int8-dynamic",
+    "The runtime the quantised model is made for. onnxruntime: ONNX Runtime's int8 operators (one activation "
+    "scale per batch matrix) or fp16. openvino: int8 weights (per channel) that OpenVINO runs with activations "
+    "quantised per token in groups of --activation-group-size channels (far more faithful at the same speed); "
+    "takes the exported or pruned ONNX, before 'optimize'.", "onnxruntime",
+    SHARED, METHOD_MODULES)
+
+
+def preflight(config: dict[str, Any], where: str) -> None:
+    """Checks that need no model, run before any stage of a recipe (or this stage's own work) starts."""
+    if config.get("calibration_data"):
+        from bertopt.measure.data import load_texts
+
+        try:
+            load_texts(config["calibration_data"])
+        except UserError as exc:
+            raise UserError(f"{where}: calibration_data: {exc}") from None
+
+
+def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
+    from bertopt.stages.common import format_handler, require_onnx_artifact
+
+    art = require_onnx_artifact(input, NAME)
+    if art.model_format in ("tf-graphdef", "tf-savedmodel"):
+        if config["mode"] != "fp16":
+            raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
+        return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
+    return PARAMS.method(config).run(art, config, out_dir, overwrite)

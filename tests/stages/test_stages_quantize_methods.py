@@ -1,0 +1,117 @@
+"""The quantize stage composed of methods: each method's options apply to it alone, refused for every other method
+by the declaration (API, recipe and CLI alike), and a new method is one more module in the composition."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bertopt.errors import UserError
+from bertopt.params import Param, resolve_config
+from bertopt.registry import get_stage, run_stage
+from bertopt.stages.quantize.methods import Method, compose
+
+STAGE = get_stage("quantize")
+PARAMS = STAGE.PARAMS
+METHODS = list(PARAMS.methods.values())
+
+
+def _given_value(p: Param):
+    """A valid value for ``p`` that a user could mean (never None)."""
+    if p.type is bool:
+        return not p.default
+    if p.choices:
+        return next(c for c in p.choices if c != p.default)
+    if p.default is not None:
+        return p.default
+    return 0.5 if p.type is float else 1
+
+
+FOREIGN = [(m, p) for m in METHODS for p in PARAMS
+           if p.name in PARAMS.owners and m not in PARAMS.owners[p.name]]
+
+
+def test_every_method_is_reachable_and_every_option_is_declared_once():
+    assert {(m.mode, m.runtime) for m in METHODS} == {("fp16", "onnxruntime"), ("int8-dynamic", "onnxruntime"),
+                                                       ("int8-static", "onnxruntime"), ("int8-dynamic", "openvino")}
+    names = [p.name for p in PARAMS]
+    assert len(names) == len(set(names))
+    # the CLI's help says which method reads an option, from the declaration
+    assert next(p for p in PARAMS if p.name == "per_token").help.startswith("Only with --mode int8-dynamic. ")
+    assert next(p for p in PARAMS if p.name == "weight_rounding").help.startswith(
+        "Only with --mode int8-dynamic or --mode int8-dynamic --runtime openvino. ")
+    # each method refuses at least one option of another method
+    assert {m.title for m, _ in FOREIGN} == {m.title for m in METHODS}
+
+
+@pytest.mark.parametrize("method, param", FOREIGN, ids=[f"{m.title}-{p.name}" for m, p in FOREIGN])
+def test_an_option_of_another_method_is_refused(method, param):
+    given = {"mode": method.mode, "runtime": method.runtime, param.name: _given_value(param)}
+    with pytest.raises(UserError) as err:
+        resolve_config(PARAMS, given, "quantize")
+    message = str(err.value)
+    owners = PARAMS.owners[param.name]
+    shown = message.split(" applies to ")[0]  # the option as the user gave it: --per-token, --weight-rounding gptq
+    assert shown.startswith("quantize: --") and param.cli_flag[2:] in shown
+    assert f" applies to {' or '.join(PARAMS.flags(m) for m in owners)} only " in message
+    assert f"({', '.join(m.title for m in owners)}), not to {PARAMS.flags(method)} ({method.title})" in message
+    assert message.endswith(f"; drop {message.split(': ', 1)[1].split()[0]}")
+    assert "\n" not in message
+
+
+def test_options_that_do_not_apply_are_none_and_a_resolved_config_resolves_again():
+    config = resolve_config(PARAMS, {"mode": "fp16", "keep_fp32_ops": "Softmax"}, "q")
+    assert config["keep_fp32_ops"] == ["Softmax"] and config["threads"] is None and config["op_types"]
+    assert config["per_token"] is None and config["per_channel"] is None and config["activation_group_size"] is None
+    # a recipe resolves its steps when it is read and run_stage resolves them again
+    assert resolve_config(PARAMS, config, "q") == config
+    ov = resolve_config(PARAMS, {"runtime": "openvino"}, "q")
+    assert ov["activation_group_size"] == 32 and ov["weight_rounding"] == "nearest" and ov["per_channel"] is None
+
+
+def test_a_method_pair_nobody_implements_names_the_choices(tiny_onnx, tmp_path):
+    with pytest.raises(UserError, match="^--runtime openvino quantises with --mode int8-dynamic, not --mode fp16; "
+                                        "use --runtime onnxruntime for --mode fp16$"):
+        run_stage("quantize", tiny_onnx, {"mode": "fp16", "runtime": "openvino"}, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_artifact_records_what_the_method_read(tiny_onnx, tmp_path):
+    art = run_stage("quantize", tiny_onnx, {"mode": "fp16"}, tmp_path / "f")
+    params = art.lineage["params"]
+    assert params["mode"] == "fp16" and params["keep_fp32_ops"]
+    assert params["per_token"] is None and params["calibration_method"] is None
+
+
+def test_refused_on_the_api_before_any_work(tiny_onnx, tmp_path):
+    with pytest.raises(UserError, match="--no-per-channel applies to"):
+        run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "runtime": "openvino", "per_channel": False},
+                  tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_new_method_is_one_module_in_the_composition():
+    group = Param("group_size", int, 128, "Weights per int4 scale.", min=1)
+    int4 = SimpleNamespace(METHODS=(Method("test int4", "int4", "onnxruntime", (group,), lambda *a: None),))
+    params = compose("Precision.", "int8-dynamic", "Runtime.", "onnxruntime", STAGE.SHARED,
+                     [*STAGE.METHOD_MODULES, int4])
+    assert "int4" in next(p for p in params if p.name == "mode").choices
+    assert resolve_config(params, {"mode": "int4", "group_size": 64}, "q")["group_size"] == 64
+    with pytest.raises(UserError, match="--group-size 64 applies to --mode int4 only .test int4., not to --mode "
+                                        "int8-dynamic"):
+        resolve_config(params, {"group_size": 64}, "q")
+
+
+def test_one_name_is_one_declaration():
+    other = Param("per_token", bool, True, "another per_token")
+    clash = SimpleNamespace(METHODS=(Method("clash", "int4", "onnxruntime", (other,), lambda *a: None),))
+    with pytest.raises(ValueError, match="'per_token' is declared twice"):
+        compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, clash])
+    threads = next(p for p in STAGE.SHARED if p.name == "threads")
+    shared = SimpleNamespace(METHODS=(Method("again", "int4", "onnxruntime", (threads,), lambda *a: None),))
+    with pytest.raises(ValueError, match="'threads' is shared by every method"):
+        compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, shared])
+    twin = SimpleNamespace(METHODS=(Method("twin", "fp16", "onnxruntime", (), lambda *a: None),))
+    with pytest.raises(ValueError, match="share one mode and runtime"):
+        compose("m", "int8-dynamic", "r", "onnxruntime", STAGE.SHARED, [*STAGE.METHOD_MODULES, twin])
