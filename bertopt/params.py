@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from bertopt.errors import UserError
 
@@ -27,10 +27,26 @@ class Param:
     min: float | None = None  # numeric bounds (inclusive), checked wherever the value comes from
     max: float | None = None
     file: bool = False  # names an input file: a recipe checks it exists before its first stage runs
+    # how the command line spells it (typer_parameters); recipes and the API use ``name``
+    flag: str | None = None  # the long flag when it is not --<name> (e.g. --json for as_json)
+    aliases: tuple[str, ...] = ()  # short flags, e.g. ("-p",)
+    envvar: str | None = None  # read from this environment variable when the flag is not given
+    negatable: bool = True  # bool: --x/--no-x (False: a plain --x switch)
+    repeat: bool = False  # list: given by repeating the flag (-X a -X b) instead of comma-separated
+    positional: bool = False  # a command-line argument, not an option
+    required: bool = False  # no default: the caller must give it
+    hidden: bool = False  # accepted but left out of --help
+    deprecated_flags: tuple[str, ...] = ()  # old option spellings of a positional argument, still accepted
+    metavar: str | None = None
 
     @property
     def cli_flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def cli_name(self) -> str:
+        """How an error line names it to a command-line user: ARTIFACT for an argument, the flag for an option."""
+        return self.metavar or self.name.upper() if self.positional else self.cli_flag
 
     @property
     def cli_help(self) -> str:
@@ -107,24 +123,86 @@ class Param:
 _OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
 
 
+def _deprecated_key(p: Param) -> str:
+    return f"{p.name}__deprecated_option"
+
+
 def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
-    """Keyword-only Typer options for ``params`` (a generated command's signature: stage commands, validate);
-    each defaults to None, so only what the user gave reaches ``resolve_config``."""
+    """Typer arguments and options for ``params`` (a command's signature: stages, validate, serve, kafka,
+    spark-predict, bench): arguments first, then keyword-only options. Each defaults to None, so only what the user
+    gave reaches ``resolve_config``, which applies defaults and checks (one declaration: one message, CLI or API)."""
     import typer
 
-    out = []
+    args, options = [], []
     for p in params:
+        if p.positional:
+            many = p.type is list
+            default = ... if p.required and not p.deprecated_flags else None
+            argument = typer.Argument(default, help=p.cli_help, show_default=False, metavar=p.metavar)
+            args.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                          annotation=Optional[List[str]] if many else Optional[str],
+                                          default=argument))
+            if p.deprecated_flags:  # the old spelling: accepted, hidden, and answered with a deprecation line
+                old = typer.Option(None, *p.deprecated_flags, hidden=True, show_default=False)
+                options.append(inspect.Parameter(_deprecated_key(p), inspect.Parameter.KEYWORD_ONLY,
+                                                 annotation=Optional[str], default=old))
+            continue
+        common = dict(show_default=False, hidden=p.hidden, envvar=p.envvar, metavar=p.metavar)
         if p.type is bool:
-            option = typer.Option(None, f"{p.cli_flag}/--no-{p.cli_flag[2:]}", show_default=False,
-                                  help=p.cli_help + f" (default: {'on' if p.default else 'off'})")
+            flags = f"{p.cli_flag}/--no-{p.cli_flag[2:]}" if p.negatable else p.cli_flag
+            option = typer.Option(None, flags, *p.aliases, help=p.cli_help + (
+                f" (default: {'on' if p.default else 'off'})" if p.negatable else ""), **common)
             annotation = Optional[bool]
         else:
             default = ",".join(p.default) if isinstance(p.default, list) else p.default
-            option = typer.Option(None, p.cli_flag, show_default=False,
-                                  help=p.cli_help + (f" (default: {default})" if default is not None else ""))
-            annotation = _OPTION_TYPES[p.type]
-        out.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option))
-    return out
+            shown = f" (default: {default})" if default not in (None, "") and not p.required else ""
+            option = typer.Option(... if p.required else None, p.cli_flag, *p.aliases, help=p.cli_help + shown,
+                                  **common)
+            annotation = Optional[List[str]] if p.repeat else _OPTION_TYPES[p.type]
+        options.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                         default=option))
+    return args + options
+
+
+class Config(dict):
+    """A checked config (every Param's value, defaults filled in) that also knows which ones the user gave."""
+
+    given: frozenset = frozenset()
+
+
+def typer_command(where: str, params: Sequence[Param], run: Callable[..., Any], *,
+                  extra: Sequence[inspect.Parameter] = (), help: str | None = None) -> Callable[..., Any]:
+    """A Typer command whose arguments and options are ``params`` (plus hand-written ``extra`` ones): the values
+    the user gave are checked by ``resolve_config`` (defaults filled in), then ``run(config, **extra_values)``.
+    A positional Param's ``deprecated_flags`` still work, with one deprecation line on stderr."""
+    extra_names = [e.name for e in extra]
+
+    def command(**kwargs: Any) -> Any:
+        given = {}
+        for p in params:
+            value = kwargs.get(p.name)
+            old = kwargs.get(_deprecated_key(p)) if p.deprecated_flags else None
+            if old is not None:
+                if value is not None:
+                    raise UserError(f"{where}: {p.cli_name} given twice (as an argument and as "
+                                    f"{p.deprecated_flags[0]}); give it once, as the argument")
+                import sys
+
+                print(f"warning: {'/'.join(p.deprecated_flags)} is deprecated; give {p.cli_name} as the first "
+                      f"argument: bertopt {where} {p.cli_name} ...", file=sys.stderr, flush=True)
+                value = old
+            if value is not None:
+                given[p.name] = value
+        config = Config(resolve_config(params, given, where))
+        config.given = frozenset(given)
+        return run(config, **{k: kwargs.get(k) for k in extra_names})
+
+    built = typer_parameters(params) + list(extra)
+    order = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    command.__signature__ = inspect.Signature(sorted(built, key=lambda q: order.index(q.kind)))
+    command.__name__ = where.replace("-", "_")
+    command.__doc__ = help
+    return command
 
 
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
@@ -157,8 +235,19 @@ def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where:
     config = {}
     for p in params:
         value = normalised.get(p.name, p.default)
+        if value is None and p.required:
+            raise UserError(f"{where}: '{p.name}' is missing; give {p.cli_name if p.positional else p.cli_flag}")
         config[p.name] = p.coerce(value, where) if value is not None else None
     return config
+
+
+def check_values(params: Sequence[Param], values: dict[str, Any], where: str) -> None:
+    """Check values a caller built itself (a config object made through the API) against the same declarations
+    the command line checks, so each bound is stated once; a missing key is not checked."""
+    for p in params:
+        value = values.get(p.name)
+        if value is not None:
+            p.coerce(value, where)
 
 
 def check_input_files(params: Sequence[Param], config: dict[str, Any], where: str) -> None:

@@ -67,38 +67,18 @@ class ServeConfig:
         return max(512, self.max_batch_tokens // 8)
 
     def check(self) -> None:
+        """Each value against its declaration (``serve/params.py``: the flags' bounds, stated once), then what
+        relates two of them."""
+        from bertopt.params import check_values
+        from bertopt.serve.params import SERVE_CONFIG_PARAMS, config_values
+
+        check_values(SERVE_CONFIG_PARAMS, config_values(self), "serve")
         if not self.zmq and self.http_port is None:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
-        if self.http_port is not None and not 1 <= self.http_port <= 65535:
-            raise UserError(f"--http-port {self.http_port} is not a TCP port; use 1-65535")
-        for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1),
-                          ("max_text_chars", 1), ("max_request_chars", 1), ("max_request_tokens", 1)):
-            if getattr(self, name) < low:
-                raise UserError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
-        if not 0 <= self.bulk_nice <= 19:
-            raise UserError(f"--bulk-nice must be 0-19, got {self.bulk_nice}")
-        if self.body_timeout_s <= 0:
-            raise UserError(f"--body-timeout must be positive, got {self.body_timeout_s}")
-        if self.request_timeout_s <= 0:
-            raise UserError(f"--request-timeout must be positive, got {self.request_timeout_s}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise UserError("--api-key is empty; give a secret, or leave the option out")
-        for name in ("port", "port_out"):
-            value = getattr(self, name)
-            if not 1 <= value <= 65535:
-                raise UserError(f"--{name.replace('_', '-')} {value} is not a TCP port; use 1-65535")
         if self.port == self.port_out:
             raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
-        if self.num_worker < 1:
-            raise UserError(f"--num-worker must be at least 1, got {self.num_worker}")
-        if self.max_batch_size < 1:
-            raise UserError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
-        if self.priority_batch_size < 0:
-            raise UserError(f"--priority-batch-size must be 0 or more, got {self.priority_batch_size}")
         # a priority request is one mini-job, so it can be no larger than one
         self.priority_batch_size = min(self.priority_batch_size, self.max_batch_size)
-        if self.max_request_bytes < 1024:
-            raise UserError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
 
     def threads(self) -> int:
         from bertopt.runtime.backends import default_threads
@@ -113,10 +93,9 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
 
     art = Artifact.load(artifact_path)  # verified here and again by every worker that loads it (restarts too)
     info = art.model_info
-    model_max = int(info.get("max_position_embeddings", 512))
-    seq = int(max_seq_len or info.get("max_seq_len") or model_max)
-    if seq > model_max:
-        raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    from bertopt.runtime.predictor import sequence_length
+
+    seq = sequence_length(info, max_seq_len)
     from bertopt.runtime.tasks import task_of, task_output
 
     task = task_of(art)
