@@ -52,6 +52,14 @@ class Param:
     def cli_help(self) -> str:
         return self.help + (f" Choices: {', '.join(self.choices)}." if self.choices else "")
 
+    @property
+    def span(self) -> str:
+        """The numeric bounds in words ('' when there are none), for messages and --help."""
+        low, high = self.min, self.max
+        if low is not None and high is not None:
+            return f"between {low:g} and {high:g}"
+        return f"at least {low:g}" if low is not None else f"at most {high:g}" if high is not None else ""
+
     def with_(self, **changes: Any) -> "Param":
         """The same parameter with some fields changed (a feature that allows fewer choices, say)."""
         return replace(self, **changes)
@@ -110,9 +118,7 @@ class Param:
                 raise UserError(f"{where}: '{self.name}' must be a finite number, got {value}")
             low, high = self.min, self.max
             if (low is not None and value < low) or (high is not None and value > high):
-                span = (f"between {low:g} and {high:g}" if low is not None and high is not None
-                        else f"at least {low:g}" if low is not None else f"at most {high:g}")
-                raise UserError(f"{where}: '{self.name}' must be {span}, got {value:g}")
+                raise UserError(f"{where}: '{self.name}' must be {self.span}, got {value:g}")
         if self.check is not None:
             problem = self.check(value)
             if problem:
@@ -155,7 +161,9 @@ def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
             annotation = Optional[bool]
         else:
             default = ",".join(p.default) if isinstance(p.default, list) else p.default
-            shown = f" (default: {default})" if default not in (None, "") and not p.required else ""
+            notes = [f"default: {default}"] if default not in (None, "") and not p.required else []
+            notes += [p.span] if p.span else []
+            shown = f" ({'; '.join(notes)})" if notes else ""
             option = typer.Option(... if p.required else None, p.cli_flag, *p.aliases, help=p.cli_help + shown,
                                   **common)
             annotation = Optional[List[str]] if p.repeat else _OPTION_TYPES[p.type]

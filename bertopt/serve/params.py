@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from bertopt.errors import UserError
-from bertopt.messages import (MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM,
-                              MAX_TEXTS_PARAM)
+from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
 from bertopt.params import MAX_SEQ_LEN, PROVIDER, Param
 
 
