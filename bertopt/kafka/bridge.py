@@ -78,18 +78,12 @@ class BridgeConfig:
     client_errors: Any = field(default_factory=lambda: _ClientErrors(), repr=False, compare=False)
 
     def check(self) -> None:
-        if self.max_batch < 1:
-            raise UserError(f"--max-batch must be at least 1, got {self.max_batch}")
-        if self.max_wait_ms < 0:
-            raise UserError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
-        if self.max_texts_per_request < 1:
-            raise UserError(f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}")
-        if self.max_text_chars < 1:
-            raise UserError(f"--max-text-chars must be at least 1, got {self.max_text_chars}")
-        if self.max_request_bytes < 64:
-            raise UserError(f"--max-request-bytes must be at least 64, got {self.max_request_bytes}")
-        if not self.request_topic or not self.response_topic:
-            raise UserError("--request-topic and --response-topic must not be empty")
+        """Each value against its declaration (``kafka/params.py``: the flags' bounds, stated once), then what
+        relates two of them."""
+        from bertopt.kafka.params import BRIDGE_PARAMS, config_values
+        from bertopt.params import check_values
+
+        check_values(BRIDGE_PARAMS, config_values(self), "kafka")
         if self.request_topic == self.response_topic:
             raise UserError(f"the request and response topics are both {self.request_topic!r}; the bridge would "
                             "consume its own responses: use two topics")
