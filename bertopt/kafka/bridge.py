@@ -41,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import BackendFailed, UserError, require
+from bertopt.kafka.params import config_defaults
 from bertopt.messages import (  # noqa: F401  (the bridge's contract)
     _NO_ID,
     EMBEDDING_PAIRS_ERROR,
@@ -60,19 +61,22 @@ log = logging.getLogger("bertopt.kafka")
 FAILPOINT_ENV = "BERTOPT_KAFKA_FAILPOINT"
 PROBE_TEXT = "bertopt health probe"
 
+_DEFAULT = config_defaults()  # BridgeConfig's defaults are its Params' (kafka/params.py)
+
+
 @dataclass
 class BridgeConfig:
     bootstrap: str
     request_topic: str
     response_topic: str
-    group_id: str = "bertopt-kafka"
-    max_batch: int = 64
-    max_wait_ms: int = 50
-    max_texts_per_request: int = MAX_TEXTS_PER_REQUEST
-    max_text_chars: int = MAX_TEXT_CHARS
-    max_request_bytes: int = MAX_REQUEST_BYTES
-    stats_interval_s: float = 10.0
-    connect_timeout_s: float = 10.0
+    group_id: str = _DEFAULT["group_id"]
+    max_batch: int = _DEFAULT["max_batch"]
+    max_wait_ms: int = _DEFAULT["max_wait_ms"]
+    max_texts_per_request: int = _DEFAULT["max_texts_per_request"]
+    max_text_chars: int = _DEFAULT["max_text_chars"]
+    max_request_bytes: int = _DEFAULT["max_request_bytes"]
+    stats_interval_s: float = _DEFAULT["stats_interval_s"]
+    connect_timeout_s: float = _DEFAULT["connect_timeout_s"]
     flush_timeout_s: float = 60.0
     kafka_config: dict[str, str] = field(default_factory=dict)
     client_errors: Any = field(default_factory=lambda: _ClientErrors(), repr=False, compare=False)

@@ -65,6 +65,11 @@ KAFKA_PARAMS = [
 ]
 
 
+def config_defaults() -> dict:
+    """BridgeConfig's defaults, by field: the Params' defaults (one declaration)."""
+    return {CONFIG_FIELDS.get(p.name, p.name): p.default for p in BRIDGE_PARAMS}
+
+
 def config_values(config) -> dict:
     """BridgeConfig's fields, by Param name (for ``check_values``)."""
     return {p.name: getattr(config, CONFIG_FIELDS.get(p.name, p.name)) for p in BRIDGE_PARAMS}

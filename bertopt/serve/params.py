@@ -117,6 +117,11 @@ CLIENT_PREDICT_PARAMS = [
 CLIENT_STATUS_PARAMS = [*_CLIENT, TIMEOUT.with_(default=10.0), AS_JSON]
 
 
+def config_defaults() -> dict:
+    """ServeConfig's defaults, by field: the Params' defaults (one declaration)."""
+    return {CONFIG_FIELDS.get(p.name, p.name): p.default for p in SERVE_CONFIG_PARAMS}
+
+
 def config_values(config) -> dict:
     """ServeConfig's fields, by Param name (for ``check_values``)."""
     values = {p.name: getattr(config, CONFIG_FIELDS.get(p.name, p.name)) for p in SERVE_CONFIG_PARAMS}

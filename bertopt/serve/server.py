@@ -24,42 +24,44 @@ from typing import Callable
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
+from bertopt.serve.params import config_defaults
 from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20
+_DEFAULT = config_defaults()  # ServeConfig's defaults are its Params' (serve/params.py)
 
 
 @dataclass
 class ServeConfig:
     artifact: str
-    port: int = 5555
-    port_out: int = 5556
-    bind: str = "127.0.0.1"
-    num_worker: int = 1
-    max_batch_size: int = 256
-    max_batch_tokens: int = 16384
-    priority_batch_size: int = 16
-    max_seq_len: int | None = None
+    port: int = _DEFAULT["port"]
+    port_out: int = _DEFAULT["port_out"]
+    bind: str = _DEFAULT["bind"]
+    num_worker: int = _DEFAULT["num_worker"]
+    max_batch_size: int = _DEFAULT["max_batch_size"]
+    max_batch_tokens: int = _DEFAULT["max_batch_tokens"]
+    priority_batch_size: int = _DEFAULT["priority_batch_size"]
+    max_seq_len: int | None = _DEFAULT["max_seq_len"]
     device_map: list[int] | None = None
-    provider: str = "auto"
-    threads_per_worker: int | None = None
-    max_request_bytes: int = 64 * MiB
-    grace_s: float = 60.0
+    provider: str = _DEFAULT["provider"]
+    threads_per_worker: int | None = _DEFAULT["threads_per_worker"]
+    max_request_bytes: int = _DEFAULT["max_request_bytes"]
+    grace_s: float = _DEFAULT["grace_s"]
     startup_timeout_s: float = 300.0
-    curve_keys: str | None = None
+    curve_keys: str | None = _DEFAULT["curve_keys"]
     log_level: str = "INFO"
-    zmq: bool = True
-    http_port: int | None = None
-    api_key: str | None = None
-    max_client_batch_size: int = 2048
-    max_text_chars: int = 100_000
-    max_request_chars: int = 4_000_000
-    max_request_tokens: int = 1 << 20
-    body_timeout_s: float = 30.0
-    max_concurrent_requests: int = 512
-    request_timeout_s: float = 60.0
-    bulk_nice: int = 10
+    zmq: bool = _DEFAULT["zmq"]
+    http_port: int | None = _DEFAULT["http_port"]
+    api_key: str | None = _DEFAULT["api_key"]
+    max_client_batch_size: int = _DEFAULT["max_client_batch_size"]
+    max_text_chars: int = _DEFAULT["max_text_chars"]
+    max_request_chars: int = _DEFAULT["max_request_chars"]
+    max_request_tokens: int = _DEFAULT["max_request_tokens"]
+    body_timeout_s: float = _DEFAULT["body_timeout_s"]
+    max_concurrent_requests: int = _DEFAULT["max_concurrent_requests"]
+    request_timeout_s: float = _DEFAULT["request_timeout_s"]
+    bulk_nice: int = _DEFAULT["bulk_nice"]
 
     @property
     def priority_tokens(self) -> int:
