@@ -2,9 +2,10 @@
 
 A stage module exposes ``PARAMS: list[Param]``. ``resolve_config`` turns whatever the caller gave
 (CLI options, a recipe step's mapping, API keyword arguments) into a checked, complete config dict.
-``typer_parameters`` builds a generated command's options from Params; ``Param.typer_option`` one option of a
-hand-written command. The runtime settings every command that runs a model shares (provider, threads, batch
-size, max sequence length, runtime) are declared here once.
+``typer_command`` / ``typer_parameters`` build every command's arguments and options from Params (the one
+Param -> Typer builder), so a bad value gets the same one-line message from the CLI, a recipe or the API. The
+runtime settings every command that runs a model shares (provider, threads, batch size, max sequence length,
+runtime) are declared here once.
 """
 
 from __future__ import annotations
@@ -63,13 +64,6 @@ class Param:
     def with_(self, **changes: Any) -> "Param":
         """The same parameter with some fields changed (a feature that allows fewer choices, say)."""
         return replace(self, **changes)
-
-    def typer_option(self, *aliases: str, flag: str | None = None):
-        """This parameter as an option of a hand-written Typer command (its default, flag and help)."""
-        import typer
-
-        bounds = {k: v for k, v in (("min", self.min), ("max", self.max)) if v is not None}
-        return typer.Option(self.default, flag or self.cli_flag, *aliases, help=self.cli_help, **bounds)
 
     def coerce(self, value: Any, where: str) -> Any:
         if value is None:
