@@ -55,7 +55,7 @@ def test_out_of_bounds_value_is_refused_with_the_params_message(cli, tmp_path, w
 def test_help_teaches_each_declared_option_with_its_bound_and_default(cli):
     code, out, _ = cli("serve", "--help")
     assert code == 0
-    flat = " ".join(out.split())
+    flat = " ".join(out.replace("│", " ").split())  # the help's table cells, unwrapped
     assert "Most tokens in one mini-job" in flat
     assert "(default: 16384; at least 1)" in flat
     assert "(default: 5555; between 1 and 65535)" in flat
@@ -156,22 +156,23 @@ def test_request_limits_serve_and_kafka_share_are_declared_once(cli, tmp_path):
 
 
 def test_spark_predict_artifact_is_positional_and_the_old_option_still_works(cli, tmp_path):
-    missing = tmp_path / "missing.parquet"
-    code, _, err = cli("spark-predict", tmp_path / "art", "-i", missing, "-o", tmp_path / "o")
+    art, src = tmp_path / "art", tmp_path / "in.txt"
+    src.write_text("hello\n")
+    code, _, err = cli("spark-predict", art, "-i", src, "-o", tmp_path / "o")
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "does not exist" in lines[0]
+    assert code == 2 and len(lines) == 1 and f"artifact not found: {art}" in lines[0]  # the argument arrived
     for old in ("--artifact", "-a"):
-        code, _, err = cli("spark-predict", old, tmp_path / "art", "-i", missing, "-o", tmp_path / "o")
+        code, _, err = cli("spark-predict", old, art, "-i", src, "-o", tmp_path / "o")
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 2, err
         assert lines[0] == ("warning: --artifact/-a is deprecated; give ARTIFACT as the first argument: "
                             "bertopt spark-predict ARTIFACT ...")
-        assert "does not exist" in lines[1]
-    code, _, err = cli("spark-predict", tmp_path / "a", "--artifact", tmp_path / "b", "-i", missing, "-o",
+        assert f"artifact not found: {art}" in lines[1]
+    code, _, err = cli("spark-predict", tmp_path / "a", "--artifact", tmp_path / "b", "-i", src, "-o",
                        tmp_path / "o")
     assert code == 2 and err.strip() == ("error: spark-predict: ARTIFACT given twice (as an argument and as "
                                          "--artifact); give it once, as the argument")
-    code, _, err = cli("spark-predict", "-i", missing, "-o", tmp_path / "o")
+    code, _, err = cli("spark-predict", "-i", src, "-o", tmp_path / "o")
     assert code == 2 and err.strip() == "error: spark-predict: 'artifact' is missing; give ARTIFACT"
     assert not (tmp_path / "o").exists()
 
