@@ -11,6 +11,7 @@ runtime) are declared here once.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -172,12 +173,11 @@ class Config(dict):
     given: frozenset = frozenset()
 
 
-def typer_command(where: str, params: Sequence[Param], run: Callable[..., Any], *,
-                  extra: Sequence[inspect.Parameter] = (), help: str | None = None) -> Callable[..., Any]:
-    """A Typer command whose arguments and options are ``params`` (plus hand-written ``extra`` ones): the values
-    the user gave are checked by ``resolve_config`` (defaults filled in), then ``run(config, **extra_values)``.
+def typer_command(where: str, params: Sequence[Param], run: Callable[[Config], Any], *,
+                  help: str | None = None) -> Callable[..., Any]:
+    """A Typer command whose arguments and options are ``params``: the values the user gave are checked by
+    ``resolve_config`` (defaults filled in), then ``run(config)`` (a ``Config``: it knows what was given).
     A positional Param's ``deprecated_flags`` still work, with one deprecation line on stderr."""
-    extra_names = [e.name for e in extra]
 
     def command(**kwargs: Any) -> Any:
         given = {}
@@ -188,8 +188,6 @@ def typer_command(where: str, params: Sequence[Param], run: Callable[..., Any], 
                 if value is not None:
                     raise UserError(f"{where}: {p.cli_name} given twice (as an argument and as "
                                     f"{p.deprecated_flags[0]}); give it once, as the argument")
-                import sys
-
                 print(f"warning: {'/'.join(p.deprecated_flags)} is deprecated; give {p.cli_name} as the first "
                       f"argument: bertopt {where} {p.cli_name} ...", file=sys.stderr, flush=True)
                 value = old
@@ -197,11 +195,9 @@ def typer_command(where: str, params: Sequence[Param], run: Callable[..., Any], 
                 given[p.name] = value
         config = Config(resolve_config(params, given, where))
         config.given = frozenset(given)
-        return run(config, **{k: kwargs.get(k) for k in extra_names})
+        return run(config)
 
-    built = typer_parameters(params) + list(extra)
-    order = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    command.__signature__ = inspect.Signature(sorted(built, key=lambda q: order.index(q.kind)))
+    command.__signature__ = inspect.Signature(typer_parameters(params))
     command.__name__ = where.replace("-", "_")
     command.__doc__ = help
     return command
@@ -238,7 +234,7 @@ def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where:
     for p in params:
         value = normalised.get(p.name, p.default)
         if value is None and p.required:
-            raise UserError(f"{where}: '{p.name}' is missing; give {p.cli_name if p.positional else p.cli_flag}")
+            raise UserError(f"{where}: '{p.name}' is missing; give {p.cli_name}")
         config[p.name] = p.coerce(value, where) if value is not None else None
     return config
 
