@@ -260,10 +260,10 @@ CASES = {
         ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"], "'threads' must be at least 1",
         [c.tmp / "r"]),
     "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "serve: 'port' must be between 1 and 65535", []),
-    "serve --num-worker 0": lambda c: (["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be at least 1",
-                                                     []),
-    "serve --max-seq-len 0": lambda c: (["serve", c.tiny, "--max-seq-len", "0"], "serve: 'max_seq_len' must be at least 1",
-                                                      []),
+    "serve --num-worker 0": lambda c: (
+        ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be at least 1", []),
+    "serve --max-seq-len 0": lambda c: (
+        ["serve", c.tiny, "--max-seq-len", "0"], "serve: 'max_seq_len' must be at least 1", []),
     "client encode --timeout -1": lambda c: (
         ["client", "encode", "hello", "--port", str(free_port()), "--timeout", "-1"],
         "client encode: 'timeout' must be at least 0.001", []),
