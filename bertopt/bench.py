@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import typer
 
-from bertopt.params import BATCH_SIZE, RUNTIME, THREADS, Param, typer_command
+from bertopt.params import BATCH_SIZE, RUNTIME, THREADS, ConfigFields, Param, typer_command
 
 ProgressFn = Callable[[str], None]
 
@@ -42,8 +42,8 @@ SETTINGS_PARAMS = [
           min=2),
     Param("rounds", int, 3, "Interleaved rounds; medians are reported.", min=1),
 ]
-SETTINGS_FIELDS = {"texts": "padded_texts"}
-_DEFAULT = {SETTINGS_FIELDS.get(p.name, p.name): p.default for p in SETTINGS_PARAMS}
+SETTINGS_FIELDS = ConfigFields(SETTINGS_PARAMS, {"texts": "padded_texts"})
+_DEFAULT = SETTINGS_FIELDS.defaults()
 
 
 @dataclass
@@ -60,10 +60,7 @@ class Settings:
 
     def check(self) -> None:
         """Each setting against its declaration (SETTINGS_PARAMS: the flags' bounds, stated once)."""
-        from bertopt.params import check_values
-
-        check_values(SETTINGS_PARAMS, {p.name: getattr(self, SETTINGS_FIELDS.get(p.name, p.name))
-                                       for p in SETTINGS_PARAMS}, "bench")
+        SETTINGS_FIELDS.check(self, "bench")
 
 
 BENCH_PARAMS = [
@@ -367,7 +364,7 @@ def _bench(config) -> None:
     from bertopt.errors import UserError
 
     console = Console(width=max(Console().width, 200))  # the table is wide; piped output must not truncate it
-    settings = Settings(**{SETTINGS_FIELDS.get(p.name, p.name): config[p.name] for p in SETTINGS_PARAMS})
+    settings = Settings(**SETTINGS_FIELDS.kwargs(config))
     artifacts = [Path(a) for a in config["artifacts"]]
     json_out = Path(config["json_out"]) if config["json_out"] else None
     threads, runtime, batch_size = config["threads"], config["runtime"], config["batch_size"]

@@ -203,6 +203,32 @@ def typer_command(where: str, params: Sequence[Param], run: Callable[[Config], A
     return command
 
 
+@dataclass(frozen=True)
+class ConfigFields:
+    """A config object (ServeConfig, BridgeConfig, bench Settings) whose fields are declared by ``params``: a
+    field is named like its Param unless ``renamed`` maps the Param's name to it (the flag --grace, the field
+    grace_s). Its defaults are the Params', its keyword arguments come from a checked config, and ``check``
+    holds an object made through the API to the same declarations."""
+
+    params: Sequence[Param]
+    renamed: dict[str, str] = field(default_factory=dict)
+
+    def field_of(self, p: Param) -> str:
+        return self.renamed.get(p.name, p.name)
+
+    def defaults(self) -> dict[str, Any]:
+        return {self.field_of(p): p.default for p in self.params}
+
+    def kwargs(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {self.field_of(p): config[p.name] for p in self.params}
+
+    def values(self, obj: Any) -> dict[str, Any]:
+        return {p.name: getattr(obj, self.field_of(p)) for p in self.params}
+
+    def check(self, obj: Any, where: str, values: dict[str, Any] | None = None) -> None:
+        check_values(self.params, values if values is not None else self.values(obj), where)
+
+
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 PROVIDER = Param("provider", str, "auto", "Execution provider (auto: CUDA when the runtime has it, else CPU).",
                  choices=PROVIDERS)

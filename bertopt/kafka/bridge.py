@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import BackendFailed, UserError, require
-from bertopt.kafka.params import config_defaults
+from bertopt.kafka.params import BRIDGE_FIELDS
 from bertopt.messages import (  # noqa: F401  (the bridge's contract)
     _NO_ID,
     EMBEDDING_PAIRS_ERROR,
@@ -61,7 +61,7 @@ log = logging.getLogger("bertopt.kafka")
 FAILPOINT_ENV = "BERTOPT_KAFKA_FAILPOINT"
 PROBE_TEXT = "bertopt health probe"
 
-_DEFAULT = config_defaults()  # BridgeConfig's defaults are its Params' (kafka/params.py)
+_DEFAULT = BRIDGE_FIELDS.defaults()  # BridgeConfig's defaults are its Params' (kafka/params.py)
 
 
 @dataclass
@@ -84,10 +84,7 @@ class BridgeConfig:
     def check(self) -> None:
         """Each value against its declaration (``kafka/params.py``: the flags' bounds, stated once), then what
         relates two of them."""
-        from bertopt.kafka.params import BRIDGE_PARAMS, config_values
-        from bertopt.params import check_values
-
-        check_values(BRIDGE_PARAMS, config_values(self), "kafka")
+        BRIDGE_FIELDS.check(self, "kafka")
         if self.request_topic == self.response_topic:
             raise UserError(f"the request and response topics are both {self.request_topic!r}; the bridge would "
                             "consume its own responses: use two topics")

@@ -26,14 +26,14 @@ HELP = (
 def _kafka(config) -> None:
     """Answer prediction requests from a Kafka topic, at least once (help: HELP above)."""
     from bertopt.kafka.bridge import BridgeConfig, KafkaBridge, parse_kafka_options
-    from bertopt.kafka.params import bridge_config_kwargs
+    from bertopt.kafka.params import BRIDGE_FIELDS
 
     logging.basicConfig(level=getattr(logging, config["log_level"].upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backend, artifact = config["backend"], Path(config["artifact"])
     if backend != "spark" and {"master", "partitions"} & config.given:
         raise UserError("--master and --partitions belong to the spark backend; add --backend spark or drop them")
-    cfg = BridgeConfig(**bridge_config_kwargs(config), kafka_config=parse_kafka_options(config["kafka_option"] or []))
+    cfg = BridgeConfig(**BRIDGE_FIELDS.kwargs(config), kafka_config=parse_kafka_options(config["kafka_option"] or []))
     cfg.check()
     from bertopt.artifact import Artifact
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertopt.kafka.spark_backend import SPARK_BACKEND_PARAMS
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import BATCH_SIZE, THREADS, Param
+from bertopt.params import BATCH_SIZE, THREADS, ConfigFields, Param
 
 BACKENDS = ("local", "zmq", "spark")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -15,7 +15,7 @@ def _not_blank(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
 
-# BridgeConfig's settings; the Param's name is the field's unless CONFIG_FIELDS says otherwise.
+# BridgeConfig's settings; the Param's name is the field's unless BRIDGE_FIELDS says otherwise.
 BRIDGE_PARAMS = [
     Param("bootstrap", str, None, "Kafka bootstrap servers, HOST:PORT[,...].", required=True, aliases=("-b",),
           check=_not_blank),
@@ -37,8 +37,9 @@ BRIDGE_PARAMS = [
     Param("connect_timeout", float, 10.0, "Seconds to wait for the cluster's metadata at start-up before giving up.",
           min=0.001),
 ]
-# Param name -> BridgeConfig field, where they differ
-CONFIG_FIELDS = {"stats_interval": "stats_interval_s", "connect_timeout": "connect_timeout_s"}
+# BridgeConfig's fields: the flags say --stats-interval, the config stats_interval_s
+BRIDGE_FIELDS = ConfigFields(BRIDGE_PARAMS, {"stats_interval": "stats_interval_s",
+                                             "connect_timeout": "connect_timeout_s"})
 
 KAFKA_PARAMS = [
     Param("artifact", str, None, "Artifact folder: the model the responses come from (with --backend zmq, the one "
@@ -63,18 +64,3 @@ KAFKA_PARAMS = [
     *BRIDGE_PARAMS[9:],
     Param("log_level", str, "info", "How much the bridge logs.", choices=LOG_LEVELS),
 ]
-
-
-def config_defaults() -> dict:
-    """BridgeConfig's defaults, by field: the Params' defaults (one declaration)."""
-    return {CONFIG_FIELDS.get(p.name, p.name): p.default for p in BRIDGE_PARAMS}
-
-
-def config_values(config) -> dict:
-    """BridgeConfig's fields, by Param name (for ``check_values``)."""
-    return {p.name: getattr(config, CONFIG_FIELDS.get(p.name, p.name)) for p in BRIDGE_PARAMS}
-
-
-def bridge_config_kwargs(config: dict) -> dict:
-    """BridgeConfig keyword arguments from a checked ``bertopt kafka`` config (all but kafka_config)."""
-    return {CONFIG_FIELDS.get(p.name, p.name): config[p.name] for p in BRIDGE_PARAMS}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertopt.errors import UserError
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import MAX_SEQ_LEN, PROVIDER, Param
+from bertopt.params import MAX_SEQ_LEN, PROVIDER, ConfigFields, Param
 
 
 def _not_blank(value: str) -> str | None:
@@ -39,7 +39,7 @@ CURVE_KEYS = Param("curve_keys", str, None, "Key folder: with serve, server.key_
 TIMEOUT = Param("timeout", float, 30.0, "Seconds to wait for the reply.", min=0.001)
 AS_JSON = Param("as_json", bool, False, "Print raw JSON.", flag="--json", negatable=False)
 
-# ServeConfig's settings; the Param's name is the field's unless CONFIG_FIELDS says otherwise.
+# ServeConfig's settings; the Param's name is the field's unless SERVE_FIELDS says otherwise.
 SERVE_CONFIG_PARAMS = [
     PORT,
     PORT_OUT,
@@ -82,8 +82,9 @@ SERVE_CONFIG_PARAMS = [
     Param("grace", float, 60.0, "Seconds to finish in-flight requests on SIGTERM.", min=0),
     CURVE_KEYS,
 ]
-# Param name -> ServeConfig field, where they differ (the flags say --grace, the config grace_s)
-CONFIG_FIELDS = {"grace": "grace_s", "body_timeout": "body_timeout_s", "request_timeout": "request_timeout_s"}
+# ServeConfig's fields: the flags say --grace, the config grace_s
+SERVE_FIELDS = ConfigFields(SERVE_CONFIG_PARAMS, {"grace": "grace_s", "body_timeout": "body_timeout_s",
+                                                  "request_timeout": "request_timeout_s"})
 
 SERVE_PARAMS = [
     Param("artifact", str, None, "Artifact folder to serve (not needed with --status or --make-curve-keys).",
@@ -117,14 +118,9 @@ CLIENT_PREDICT_PARAMS = [
 CLIENT_STATUS_PARAMS = [*_CLIENT, TIMEOUT.with_(default=10.0), AS_JSON]
 
 
-def config_defaults() -> dict:
-    """ServeConfig's defaults, by field: the Params' defaults (one declaration)."""
-    return {CONFIG_FIELDS.get(p.name, p.name): p.default for p in SERVE_CONFIG_PARAMS}
-
-
 def config_values(config) -> dict:
-    """ServeConfig's fields, by Param name (for ``check_values``)."""
-    values = {p.name: getattr(config, CONFIG_FIELDS.get(p.name, p.name)) for p in SERVE_CONFIG_PARAMS}
+    """ServeConfig's fields, by Param name, as the flags spell them (for ``check_values``)."""
+    values = SERVE_FIELDS.values(config)
     if values["device_map"] is not None:
         values["device_map"] = ",".join(str(d) for d in values["device_map"])
     return values
@@ -132,8 +128,8 @@ def config_values(config) -> dict:
 
 def serve_config_kwargs(config: dict) -> dict:
     """ServeConfig keyword arguments from a checked ``bertopt serve`` config."""
-    out = {CONFIG_FIELDS.get(p.name, p.name): config[p.name] for p in SERVE_CONFIG_PARAMS}
-    out["device_map"] = device_map(out["device_map"])
     if config["artifact"] is None:
         raise UserError("missing ARTIFACT; give the artifact folder to serve (or --status to query a server)")
+    out = SERVE_FIELDS.kwargs(config)
+    out["device_map"] = device_map(out["device_map"])
     return {"artifact": config["artifact"], **out}

@@ -24,12 +24,12 @@ from typing import Callable
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
-from bertopt.serve.params import config_defaults
+from bertopt.serve.params import SERVE_FIELDS
 from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20
-_DEFAULT = config_defaults()  # ServeConfig's defaults are its Params' (serve/params.py)
+_DEFAULT = SERVE_FIELDS.defaults()  # ServeConfig's defaults are its Params' (serve/params.py)
 
 
 @dataclass
@@ -71,10 +71,9 @@ class ServeConfig:
     def check(self) -> None:
         """Each value against its declaration (``serve/params.py``: the flags' bounds, stated once), then what
         relates two of them."""
-        from bertopt.params import check_values
-        from bertopt.serve.params import SERVE_CONFIG_PARAMS, config_values
+        from bertopt.serve.params import config_values
 
-        check_values(SERVE_CONFIG_PARAMS, config_values(self), "serve")
+        SERVE_FIELDS.check(self, "serve", config_values(self))
         if not self.zmq and self.http_port is None:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
         if self.port == self.port_out:

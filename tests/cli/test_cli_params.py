@@ -133,15 +133,18 @@ def test_api_configs_are_checked_against_the_same_declarations(cli, tmp_path):
 
 
 def test_api_config_defaults_are_the_declared_ones():
-    serve = ServeConfig(artifact="art")
-    for p in SERVE_PARAMS:
-        field = {"grace": "grace_s", "body_timeout": "body_timeout_s", "request_timeout": "request_timeout_s"}
-        if hasattr(serve, field.get(p.name, p.name)) and p.name not in ("artifact", "device_map"):
-            assert getattr(serve, field.get(p.name, p.name)) == p.default, p.name
-    bridge = BridgeConfig(bootstrap="b", request_topic="a", response_topic="c")
-    assert (bridge.max_batch, bridge.max_wait_ms) == (_param(KAFKA_PARAMS, "max_batch").default,
-                                                      _param(KAFKA_PARAMS, "max_wait_ms").default)
-    assert Settings().latency_seq_len == _param(BENCH_PARAMS, "latency_seq_len").default
+    from bertopt.bench import SETTINGS_FIELDS
+    from bertopt.kafka.params import BRIDGE_FIELDS
+    from bertopt.serve.params import SERVE_FIELDS
+
+    for fields, obj in ((SERVE_FIELDS, ServeConfig(artifact="art")),
+                        (BRIDGE_FIELDS, BridgeConfig(bootstrap="b", request_topic="a", response_topic="c")),
+                        (SETTINGS_FIELDS, Settings())):
+        values = fields.values(obj)
+        declared = [p for p in fields.params if not p.required]  # the required ones (topics) have no default
+        assert declared and {p.name: values[p.name] for p in declared} == {p.name: p.default for p in declared}
+    assert ServeConfig(artifact="art").grace_s == _param(SERVE_PARAMS, "grace").default == 60.0
+    assert Settings().padded_texts == _param(BENCH_PARAMS, "texts").default == 256
 
 
 def test_request_limits_serve_and_kafka_share_are_declared_once(cli, tmp_path):
