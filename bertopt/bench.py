@@ -19,38 +19,59 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import typer
 
 from bertopt.measure.latency import percentile, time_call
-from bertopt.params import BATCH_SIZE, RUNTIME, THREADS
+from bertopt.params import BATCH_SIZE, RUNTIME, THREADS, ConfigFields, Param, typer_command
 
 ProgressFn = Callable[[str], None]
 
 
+# The measurement settings, declared once: `bertopt bench` flags and Settings.check; a Param's name is the Settings
+# field's unless SETTINGS_FIELDS says otherwise.
+SETTINGS_PARAMS = [
+    BATCH_SIZE,
+    Param("seq_len", int, 128, "Tokens per sentence of the padded workload.", min=1),
+    Param("latency_seq_len", int, 16, "Tokens of the batch-1 latency input ([CLS] text [SEP]: at least 3).", min=3),
+    Param("texts", int, 256, "Sentences per padded pass.", min=1),
+    Param("mixed_texts", int, None, "Lines of mixed-length text per pass (default: all 512).", min=1),
+    Param("latency_calls", int, 30, "Batch-1 calls per round.", min=1),
+    Param("corpus_texts", int, None, "Built-in corpus sentences used for fidelity with --reference (default: all).",
+          min=2),
+    Param("rounds", int, 3, "Interleaved rounds; medians are reported.", min=1),
+]
+SETTINGS_FIELDS = ConfigFields(SETTINGS_PARAMS, {"texts": "padded_texts"})
+_DEFAULT = SETTINGS_FIELDS.defaults()
+
+
 @dataclass
 class Settings:
-    batch_size: int = 32
-    seq_len: int = 128
-    latency_seq_len: int = 16
-    padded_texts: int = 256
-    mixed_texts: int | None = None  # None: all of bertopt.data.mixed_text()
-    latency_calls: int = 30
-    rounds: int = 3
+    batch_size: int = _DEFAULT["batch_size"]
+    seq_len: int = _DEFAULT["seq_len"]
+    latency_seq_len: int = _DEFAULT["latency_seq_len"]
+    padded_texts: int = _DEFAULT["padded_texts"]
+    mixed_texts: int | None = _DEFAULT["mixed_texts"]  # None: all of bertopt.data.mixed_text()
+    latency_calls: int = _DEFAULT["latency_calls"]
+    rounds: int = _DEFAULT["rounds"]
     fidelity: bool = True
-    corpus_texts: int | None = None  # None: the whole built-in corpus for fidelity
+    corpus_texts: int | None = _DEFAULT["corpus_texts"]  # None: the whole built-in corpus for fidelity
 
     def check(self) -> None:
-        from bertopt.errors import UserError
+        """Each setting against its declaration (SETTINGS_PARAMS: the flags' bounds, stated once)."""
+        SETTINGS_FIELDS.check(self, "bench")
 
-        for name in ("batch_size", "seq_len", "latency_seq_len", "padded_texts", "latency_calls", "rounds"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.corpus_texts is not None and self.corpus_texts < 2:
-            raise UserError(f"--corpus-texts must be at least 2, got {self.corpus_texts}")
-        if self.latency_seq_len < 3:
-            raise UserError("--latency-seq-len must be at least 3 ([CLS] text [SEP])")
+
+BENCH_PARAMS = [
+    Param("artifacts", list, None, "Artifact folders to measure side by side.", positional=True, required=True),
+    Param("reference", bool, False, "Also measure the first artifact's source model in PyTorch fp32 and bf16 "
+          "autocast; ratios and fidelity (cosine, neighbour agreement) are then given against PyTorch fp32."),
+    *SETTINGS_PARAMS,
+    THREADS,
+    RUNTIME,
+    Param("json_out", str, None, "Also write the results to this JSON file.", flag="--json"),
+]
 
 
 @dataclass
@@ -319,69 +340,55 @@ def results_table(results: list[dict[str, Any]], settings: Settings, title: str,
     return table
 
 
+BENCH_HELP = ("Measure artifacts through the Predictor: throughput at batch 32 padded to 128 tokens, on mixed-length "
+              "text (length-bucketed), batch-1 latency p50/p99; interleaved rounds, medians. Speed is noisy on a "
+              "shared machine: compare the ratios of contenders measured in the same run.")
+
+
+def _bench(config) -> None:
+    from rich.console import Console
+
+    from bertopt.errors import UserError
+
+    console = Console(width=max(Console().width, 200))  # the table is wide; piped output must not truncate it
+    settings = Settings(**SETTINGS_FIELDS.kwargs(config))
+    artifacts = [Path(a) for a in config["artifacts"]]
+    json_out = Path(config["json_out"]) if config["json_out"] else None
+    threads, runtime, batch_size = config["threads"], config["runtime"], config["batch_size"]
+    if json_out is not None:  # before the measurement: never a finished bench lost to an unwritable path
+        from bertopt.output_paths import check_output
+
+        check_output(json_out, kind="json", inputs=artifacts, flag="--json")
+    names = [p.name for p in artifacts]
+    if len(set(names)) != len(names):
+        names = [str(p) for p in artifacts]
+    with console.status("loading ...") as status:
+        contenders = [contender_for_artifact(p, name=n, threads=threads, runtime=runtime, batch_size=batch_size)
+                      for p, n in zip(artifacts, names)]
+        ref = None
+        if config["reference"]:
+            first = contenders[0].predictor.artifact
+            if not first.source:
+                raise UserError(f"{first.path} records no source model to compare with; drop --reference")
+            ref = reference_contender(first, threads=threads, batch_size=batch_size)
+            contenders = [ref, reference_contender(first, bf16=True, threads=threads, batch_size=batch_size),
+                          *contenders]
+        results = measure(contenders, settings, reference=ref, progress=lambda m: status.update(m))
+    ratio_keys = []
+    if ref is not None:
+        add_ratios(results, "PyTorch fp32", "pt-fp32")
+        add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
+        ratio_keys = ["pt-fp32", "pt-bf16"]
+    console.print(results_table(results, settings, "bertopt bench", ratio_keys))
+    if json_out is not None:
+        from dataclasses import asdict
+
+        from bertopt.machine import machine_info
+        from bertopt.output_paths import write_json
+
+        write_json(json_out, {"settings": asdict(settings), "machine": machine_info(), "results": results})
+        console.print(f"wrote {json_out}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    def bench_command(
-        artifacts: list[Path] = typer.Argument(..., help="Artifact folders to measure side by side."),
-        reference: bool = typer.Option(False, "--reference/--no-reference", help="Also measure the first artifact's "
-                                       "source model in PyTorch fp32 and bf16 autocast; ratios and fidelity "
-                                       "(cosine, neighbour agreement) are then given against PyTorch fp32."),
-        batch_size: int = BATCH_SIZE.typer_option(),
-        seq_len: int = typer.Option(128, "--seq-len", help="Tokens per sentence of the padded workload."),
-        latency_seq_len: int = typer.Option(16, "--latency-seq-len", help="Tokens of the batch-1 latency input."),
-        texts: int = typer.Option(256, "--texts", help="Sentences per padded pass."),
-        mixed: Optional[int] = typer.Option(None, "--mixed-texts", help="Lines of mixed-length text per pass "
-                                            "(default: all 512)."),
-        latency_calls: int = typer.Option(30, "--latency-calls", help="Batch-1 calls per round."),
-        corpus_texts: Optional[int] = typer.Option(None, "--corpus-texts", help="Built-in corpus sentences used "
-                                                   "for fidelity with --reference (default: all)."),
-        rounds: int = typer.Option(3, "--rounds", help="Interleaved rounds; medians are reported."),
-        threads: Optional[int] = THREADS.typer_option(),
-        runtime: Optional[str] = RUNTIME.typer_option(),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results to this JSON file."),
-    ) -> None:
-        """Measure artifacts through the Predictor: throughput at batch 32 padded to 128 tokens, on mixed-length
-        text (length-bucketed), batch-1 latency p50/p99; interleaved rounds, medians. Speed is noisy on a
-        shared machine: compare the ratios of contenders measured in the same run."""
-        from rich.console import Console
-
-        from bertopt.errors import UserError
-
-        console = Console(width=max(Console().width, 200))  # the table is wide; piped output must not truncate it
-        settings = Settings(batch_size=batch_size, seq_len=seq_len, latency_seq_len=latency_seq_len,
-                            padded_texts=texts, mixed_texts=mixed, latency_calls=latency_calls, rounds=rounds,
-                            corpus_texts=corpus_texts)
-        settings.check()
-        if json_out is not None:  # before the measurement: never a finished bench lost to an unwritable path
-            from bertopt.output_paths import check_output
-
-            check_output(json_out, kind="json", inputs=artifacts, flag="--json")
-        names = [p.name for p in artifacts]
-        if len(set(names)) != len(names):
-            names = [str(p) for p in artifacts]
-        with console.status("loading ...") as status:
-            contenders = [contender_for_artifact(p, name=n, threads=threads, runtime=runtime, batch_size=batch_size)
-                          for p, n in zip(artifacts, names)]
-            ref = None
-            if reference:
-                first = contenders[0].predictor.artifact
-                if not first.source:
-                    raise UserError(f"{first.path} records no source model to compare with; drop --reference")
-                ref = reference_contender(first, threads=threads, batch_size=batch_size)
-                contenders = [ref, reference_contender(first, bf16=True, threads=threads, batch_size=batch_size),
-                              *contenders]
-            results = measure(contenders, settings, reference=ref, progress=lambda m: status.update(m))
-        ratio_keys = []
-        if ref is not None:
-            add_ratios(results, "PyTorch fp32", "pt-fp32")
-            add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
-            ratio_keys = ["pt-fp32", "pt-bf16"]
-        console.print(results_table(results, settings, "bertopt bench", ratio_keys))
-        if json_out is not None:
-            from dataclasses import asdict
-
-            from bertopt.machine import machine_info
-            from bertopt.output_paths import write_json
-
-            write_json(json_out, {"settings": asdict(settings), "machine": machine_info(), "results": results})
-            console.print(f"wrote {json_out}")
+    app.command("bench", help=BENCH_HELP)(typer_command("bench", BENCH_PARAMS, _bench, help=BENCH_HELP))

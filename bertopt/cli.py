@@ -6,16 +6,15 @@ instant. A UserError becomes one red line and exit code 2; a failed gate exits 1
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from bertopt.errors import BackendFailed, GateFailed, Terminated, UserError
-from bertopt.params import typer_parameters
+from bertopt.params import Param, typer_command
 from bertopt.plugins import import_all
 from bertopt.terminal import console, err_console
 
@@ -34,37 +33,35 @@ app = typer.Typer(
 )
 
 
+def _stage_io_params(name: str) -> list[Param]:
+    """What every stage command takes besides the stage's own Params: its input, --out and --force."""
+    takes = "MODEL (Hugging Face folder, .onnx, SavedModel, .keras, checkpoint folder or builtin:minilm)" \
+        if name in ("export", "freeze") else "ARTIFACT folder"
+    return [
+        Param("input", str, None, f"Input: {takes}.", positional=True, required=True),
+        Param("out", str, None, "Output artifact folder (must not exist unless --force).", required=True,
+              aliases=("-o",)),
+        Param("force", bool, False, "Replace an existing output artifact.", negatable=False),
+    ]
+
+
 def _stage_command(name: str):
     from bertopt.registry import get_stage
 
     stage = get_stage(name)
-    takes = "MODEL (Hugging Face folder, .onnx, SavedModel, .keras, checkpoint folder or builtin:minilm)" \
-        if name in ("export", "freeze") else "ARTIFACT folder"
+    io = _stage_io_params(name)
 
-    def command(**kwargs: Any) -> None:
-        from bertopt.params import resolve_config
+    def run(config) -> None:
         from bertopt.registry import preflight_stage, run_stage
 
-        given = {k: v for k, v in kwargs.items() if k not in ("input", "out", "force") and v is not None}
+        given = {p.name: config[p.name] for p in stage.PARAMS if p.name in config.given}
         # every option is checked before the stage does any work; run_stage checks the output path
-        preflight_stage(stage, resolve_config(stage.PARAMS, given, name), name)
-        with console.status(f"[bold]{name}[/] {kwargs['input']} ..."):
-            art = run_stage(name, kwargs["input"], given, kwargs["out"], overwrite=kwargs["force"])
+        preflight_stage(stage, {p.name: config[p.name] for p in stage.PARAMS}, name)
+        with console.status(f"[bold]{name}[/] {config['input']} ..."):
+            art = run_stage(name, config["input"], given, Path(config["out"]), overwrite=config["force"])
         _print_stage_result(art)
 
-    params = [
-        inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
-                          default=typer.Argument(..., help=f"Input: {takes}.", show_default=False)),
-        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path,
-                          default=typer.Option(..., "--out", "-o", help="Output artifact folder (must not exist "
-                                               "unless --force).")),
-        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--force", help="Replace an existing output artifact.")),
-    ]
-    command.__signature__ = inspect.Signature(params + typer_parameters(stage.PARAMS))
-    command.__name__ = name
-    command.__doc__ = stage.HELP
-    return command
+    return typer_command(name, io + list(stage.PARAMS), run, help=stage.HELP)
 
 
 def _print_stage_result(art) -> None:
@@ -103,19 +100,20 @@ def _register_stage_commands() -> None:
 _register_stage_commands()
 
 
-@app.command("run")
-def run_command(
-    recipe: Optional[str] = typer.Argument(None, help="Recipe file or name in recipes/ "
-                                           "(default: minilm-tuned)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model, overriding the recipe's "
-                                        "(Hugging Face folder, .onnx, SavedModel, checkpoint, builtin:minilm)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the artifacts; each stage writes "
-                                       "OUT/<recipe>/<NN>-<stage> (default: the recipe's out:, else artifacts).",
-                                       show_default=False),
-    compare: bool = typer.Option(True, "--compare/--no-compare", help="Compare the final artifact with the original "
-                                 "model on the built-in corpus."),
-) -> None:
-    """Run a recipe: its stages in order, then compare with the original model and apply its gate."""
+RUN_PARAMS = [
+    Param("recipe", str, None, "Recipe file or name in recipes/ (default: minilm-tuned).", positional=True),
+    Param("model", str, None, "Source model, overriding the recipe's (Hugging Face folder, .onnx, SavedModel, "
+          "checkpoint, builtin:minilm).", aliases=("-m",)),
+    Param("out", str, None, "Folder for the artifacts; each stage writes OUT/<recipe>/<NN>-<stage> (default: the "
+          "recipe's out:, else artifacts).", aliases=("-o",)),
+    Param("compare", bool, True, "Compare the final artifact with the original model on the built-in corpus."),
+]
+INSPECT_PARAMS = [Param("artifact", str, None, "Artifact folder.", positional=True, required=True)]
+
+
+def _run(config) -> None:
+    recipe, model, compare = config["recipe"], config["model"], config["compare"]
+    out = Path(config["out"]) if config["out"] is not None else None
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from bertopt.recipes import find_recipe, load_recipe, run_recipe
@@ -145,13 +143,17 @@ def run_command(
         raise GateFailed(f"gate failed for {result.final.path}")
 
 
-@app.command("inspect")
-def inspect_command(artifact: Path = typer.Argument(..., help="Artifact folder.")) -> None:
-    """Show an artifact: manifest, lineage chain, size, ops by type, precision."""
+def _inspect(config) -> None:
     from bertopt.artifact import Artifact
     from bertopt.artifact_view import render
 
-    render(Artifact.load(artifact), console)
+    render(Artifact.load(Path(config["artifact"])), console)
+
+
+_RUN_HELP = "Run a recipe: its stages in order, then compare with the original model and apply its gate."
+_INSPECT_HELP = "Show an artifact: manifest, lineage chain, size, ops by type, precision."
+app.command("run", help=_RUN_HELP)(typer_command("run", RUN_PARAMS, _run, help=_RUN_HELP))
+app.command("inspect", help=_INSPECT_HELP)(typer_command("inspect", INSPECT_PARAMS, _inspect, help=_INSPECT_HELP))
 
 
 @app.command("stages")

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bertopt.params import Param
 from bertopt.tasks import DEFAULT_TASK, known_task
 from bertopt.untrusted import json_depth, lone_surrogate
 
@@ -27,6 +28,18 @@ MAX_REQUEST_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32
 MAX_TEXTS_PER_REQUEST = 256
 MAX_TEXT_CHARS = 100_000
+
+# The request limits `bertopt serve` and the Kafka bridge both take, declared once (flag, bound, help); each front
+# end sets its own default where they differ (serve: bigger requests over HTTP).
+MAX_TEXT_CHARS_PARAM = Param("max_text_chars", int, MAX_TEXT_CHARS, "Most characters in one text (with its pair), "
+                             "checked before tokenising: a longer one gets an error reply (HTTP: 413); the model "
+                             "reads only its first --max-seq-len tokens anyway.", min=1)
+MAX_TEXTS_PARAM = Param("max_texts_per_request", int, MAX_TEXTS_PER_REQUEST, "Most texts in one request (more: an "
+                        "error reply; HTTP: 413).", min=1)
+MAX_REQUEST_CHARS_PARAM = Param("max_request_chars", int, 4_000_000, "Most characters in one request, all texts "
+                                "together; checked before tokenising.", min=1)
+MAX_REQUEST_BYTES_PARAM = Param("max_request_bytes", int, MAX_REQUEST_BYTES, "A larger request gets an error reply "
+                                "asking to split it, before it is parsed.", min=64)
 
 
 class MessageError(ValueError):

@@ -2,16 +2,18 @@
 
 A stage module exposes ``PARAMS: list[Param]``. ``resolve_config`` turns whatever the caller gave
 (CLI options, a recipe step's mapping, API keyword arguments) into a checked, complete config dict.
-``typer_parameters`` builds a generated command's options from Params; ``Param.typer_option`` one option of a
-hand-written command. The runtime settings every command that runs a model shares (provider, threads, batch
-size, max sequence length, runtime) are declared here once.
+``typer_command`` / ``typer_parameters`` build every command's arguments and options from Params (the one
+Param -> Typer builder), so a bad value gets the same one-line message from the CLI, a recipe or the API. The
+runtime settings every command that runs a model shares (provider, threads, batch size, max sequence length,
+runtime) are declared here once.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from bertopt.errors import UserError
 
@@ -27,25 +29,42 @@ class Param:
     min: float | None = None  # numeric bounds (inclusive), checked wherever the value comes from
     max: float | None = None
     file: bool = False  # names an input file: a recipe checks it exists before its first stage runs
+    # how the command line spells it (typer_parameters); recipes and the API use ``name``
+    flag: str | None = None  # the long flag when it is not --<name> (e.g. --json for as_json)
+    aliases: tuple[str, ...] = ()  # short flags, e.g. ("-p",)
+    envvar: str | None = None  # read from this environment variable when the flag is not given
+    negatable: bool = True  # bool: --x/--no-x (False: a plain --x switch)
+    repeat: bool = False  # list: given by repeating the flag (-X a -X b) instead of comma-separated
+    positional: bool = False  # a command-line argument, not an option
+    required: bool = False  # no default: the caller must give it
+    hidden: bool = False  # accepted but left out of --help
+    deprecated_flags: tuple[str, ...] = ()  # old option spellings of a positional argument, still accepted
+    metavar: str | None = None
 
     @property
     def cli_flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def cli_name(self) -> str:
+        """How an error line names it to a command-line user: ARTIFACT for an argument, the flag for an option."""
+        return self.metavar or self.name.upper() if self.positional else self.cli_flag
 
     @property
     def cli_help(self) -> str:
         return self.help + (f" Choices: {', '.join(self.choices)}." if self.choices else "")
 
+    @property
+    def span(self) -> str:
+        """The numeric bounds in words ('' when there are none), for messages and --help."""
+        low, high = self.min, self.max
+        if low is not None and high is not None:
+            return f"between {low:g} and {high:g}"
+        return f"at least {low:g}" if low is not None else f"at most {high:g}" if high is not None else ""
+
     def with_(self, **changes: Any) -> "Param":
         """The same parameter with some fields changed (a feature that allows fewer choices, say)."""
         return replace(self, **changes)
-
-    def typer_option(self, *aliases: str, flag: str | None = None):
-        """This parameter as an option of a hand-written Typer command (its default, flag and help)."""
-        import typer
-
-        bounds = {k: v for k, v in (("min", self.min), ("max", self.max)) if v is not None}
-        return typer.Option(self.default, flag or self.cli_flag, *aliases, help=self.cli_help, **bounds)
 
     def coerce(self, value: Any, where: str) -> Any:
         if value is None:
@@ -94,9 +113,7 @@ class Param:
                 raise UserError(f"{where}: '{self.name}' must be a finite number, got {value}")
             low, high = self.min, self.max
             if (low is not None and value < low) or (high is not None and value > high):
-                span = (f"between {low:g} and {high:g}" if low is not None and high is not None
-                        else f"at least {low:g}" if low is not None else f"at most {high:g}")
-                raise UserError(f"{where}: '{self.name}' must be {span}, got {value:g}")
+                raise UserError(f"{where}: '{self.name}' must be {self.span}, got {value:g}")
         if self.check is not None:
             problem = self.check(value)
             if problem:
@@ -107,24 +124,109 @@ class Param:
 _OPTION_TYPES = {str: Optional[str], int: Optional[int], float: Optional[float], list: Optional[str]}
 
 
+def _deprecated_key(p: Param) -> str:
+    return f"{p.name}__deprecated_option"
+
+
 def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
-    """Keyword-only Typer options for ``params`` (a generated command's signature: stage commands, validate);
-    each defaults to None, so only what the user gave reaches ``resolve_config``."""
+    """Typer arguments and options for ``params`` (a command's signature: stages, validate, serve, kafka,
+    spark-predict, bench): arguments first, then keyword-only options. Each defaults to None, so only what the user
+    gave reaches ``resolve_config``, which applies defaults and checks (one declaration: one message, CLI or API)."""
     import typer
 
-    out = []
+    args, options = [], []
     for p in params:
+        if p.positional:
+            many = p.type is list
+            default = ... if p.required and not p.deprecated_flags else None
+            argument = typer.Argument(default, help=p.cli_help, show_default=False, metavar=p.metavar)
+            args.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                          annotation=Optional[List[str]] if many else Optional[str],
+                                          default=argument))
+            if p.deprecated_flags:  # the old spelling: accepted, hidden, and answered with a deprecation line
+                old = typer.Option(None, *p.deprecated_flags, hidden=True, show_default=False)
+                options.append(inspect.Parameter(_deprecated_key(p), inspect.Parameter.KEYWORD_ONLY,
+                                                 annotation=Optional[str], default=old))
+            continue
+        common = dict(show_default=False, hidden=p.hidden, envvar=p.envvar, metavar=p.metavar)
         if p.type is bool:
-            option = typer.Option(None, f"{p.cli_flag}/--no-{p.cli_flag[2:]}", show_default=False,
-                                  help=p.cli_help + f" (default: {'on' if p.default else 'off'})")
+            flags = f"{p.cli_flag}/--no-{p.cli_flag[2:]}" if p.negatable else p.cli_flag
+            option = typer.Option(None, flags, *p.aliases, help=p.cli_help + (
+                f" (default: {'on' if p.default else 'off'})" if p.negatable else ""), **common)
             annotation = Optional[bool]
         else:
             default = ",".join(p.default) if isinstance(p.default, list) else p.default
-            option = typer.Option(None, p.cli_flag, show_default=False,
-                                  help=p.cli_help + (f" (default: {default})" if default is not None else ""))
-            annotation = _OPTION_TYPES[p.type]
-        out.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option))
-    return out
+            notes = [f"default: {default}"] if default not in (None, "") and not p.required else []
+            notes += [p.span] if p.span else []
+            shown = f" ({'; '.join(notes)})" if notes else ""
+            option = typer.Option(... if p.required else None, p.cli_flag, *p.aliases, help=p.cli_help + shown,
+                                  **common)
+            annotation = Optional[List[str]] if p.repeat else _OPTION_TYPES[p.type]
+        options.append(inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                         default=option))
+    return args + options
+
+
+class Config(dict):
+    """A checked config (every Param's value, defaults filled in) that also knows which ones the user gave."""
+
+    given: frozenset = frozenset()
+
+
+def typer_command(where: str, params: Sequence[Param], run: Callable[[Config], Any], *,
+                  help: str | None = None) -> Callable[..., Any]:
+    """A Typer command whose arguments and options are ``params``: the values the user gave are checked by
+    ``resolve_config`` (defaults filled in), then ``run(config)`` (a ``Config``: it knows what was given).
+    A positional Param's ``deprecated_flags`` still work, with one deprecation line on stderr."""
+
+    def command(**kwargs: Any) -> Any:
+        given = {}
+        for p in params:
+            value = kwargs.get(p.name)
+            old = kwargs.get(_deprecated_key(p)) if p.deprecated_flags else None
+            if old is not None:
+                if value is not None:
+                    raise UserError(f"{where}: {p.cli_name} given twice (as an argument and as "
+                                    f"{p.deprecated_flags[0]}); give it once, as the argument")
+                print(f"warning: {'/'.join(p.deprecated_flags)} is deprecated; give {p.cli_name} as the first "
+                      f"argument: bertopt {where} {p.cli_name} ...", file=sys.stderr, flush=True)
+                value = old
+            if value is not None:
+                given[p.name] = value
+        config = Config(resolve_config(params, given, where))
+        config.given = frozenset(given)
+        return run(config)
+
+    command.__signature__ = inspect.Signature(typer_parameters(params))
+    command.__name__ = where.replace("-", "_")
+    command.__doc__ = help
+    return command
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """A config object (ServeConfig, BridgeConfig, bench Settings) whose fields are declared by ``params``: a
+    field is named like its Param unless ``renamed`` maps the Param's name to it (the flag --grace, the field
+    grace_s). Its defaults are the Params', its keyword arguments come from a checked config, and ``check``
+    holds an object made through the API to the same declarations."""
+
+    params: Sequence[Param]
+    renamed: dict[str, str] = field(default_factory=dict)
+
+    def field_of(self, p: Param) -> str:
+        return self.renamed.get(p.name, p.name)
+
+    def defaults(self) -> dict[str, Any]:
+        return {self.field_of(p): p.default for p in self.params}
+
+    def kwargs(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {self.field_of(p): config[p.name] for p in self.params}
+
+    def values(self, obj: Any) -> dict[str, Any]:
+        return {p.name: getattr(obj, self.field_of(p)) for p in self.params}
+
+    def check(self, obj: Any, where: str, values: dict[str, Any] | None = None) -> None:
+        check_values(self.params, values if values is not None else self.values(obj), where)
 
 
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
@@ -160,8 +262,19 @@ def resolve_config(params: Sequence[Param], given: dict[str, Any] | None, where:
     config = {}
     for p in params:
         value = normalised.get(p.name, p.default)
+        if value is None and p.required:
+            raise UserError(f"{where}: '{p.name}' is missing; give {p.cli_name}")
         config[p.name] = p.coerce(value, where) if value is not None else None
     return config
+
+
+def check_values(params: Sequence[Param], values: dict[str, Any], where: str) -> None:
+    """Check values a caller built itself (a config object made through the API) against the same declarations
+    the command line checks, so each bound is stated once; a missing key is not checked."""
+    for p in params:
+        value = values.get(p.name)
+        if value is not None:
+            p.coerce(value, where)
 
 
 def check_input_files(params: Sequence[Param], config: dict[str, Any], where: str) -> None:

@@ -285,19 +285,23 @@ CASES = {
     "validate --threads 0": lambda c: (
         ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"], "'threads' must be at least 1",
         [c.tmp / "r"]),
-    "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "'--port'", []),
-    "serve --num-worker 0": lambda c: (["serve", c.tiny, "--num-worker", "0"], "'--num-worker'", []),
-    "serve --max-seq-len 0": lambda c: (["serve", c.tiny, "--max-seq-len", "0"], "'--max-seq-len'", []),
+    "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "serve: 'port' must be between 1 and 65535", []),
+    "serve --num-worker 0": lambda c: (
+        ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be at least 1", []),
+    "serve --max-seq-len 0": lambda c: (
+        ["serve", c.tiny, "--max-seq-len", "0"], "serve: 'max_seq_len' must be at least 1", []),
     "client encode --timeout -1": lambda c: (
-        ["client", "encode", "hello", "--port", str(free_port()), "--timeout", "-1"], "'--timeout'", []),
+        ["client", "encode", "hello", "--port", str(free_port()), "--timeout", "-1"],
+        "client encode: 'timeout' must be at least 0.001", []),
     "client status --timeout 0": lambda c: (
-        ["client", "status", "--port", str(free_port()), "--timeout", "0"], "'--timeout'", []),
+        ["client", "status", "--port", str(free_port()), "--timeout", "0"],
+        "client status: 'timeout' must be at least 0.001", []),
     "kafka --port 70000": lambda c: (
         ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
-         "--backend", "zmq", "--port", "70000"], "'--port'", []),
+         "--backend", "zmq", "--port", "70000"], "kafka: 'port' must be between 1 and 65535", []),
     "spark-predict --batch-size 0": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.tmp / "in.txt", "--output", c.tmp / "o",
-         "--batch-size", "0"], "'--batch-size'", [c.tmp / "o"]),
+        ["spark-predict", c.tiny, "--input", c.tmp / "in.txt", "--output", c.tmp / "o",
+         "--batch-size", "0"], "spark-predict: 'batch_size' must be at least 1", [c.tmp / "o"]),
     # outputs that cannot be written: checked before any work
     "export --out unwritable": lambda c: (
         ["export", c.tiny_hf, "--out", UNWRITABLE + "/o"], "is not writable", []),
@@ -372,13 +376,13 @@ CASES = {
         "'max_seq_len' must be at least 1", [c.tmp / "a"]),
     # spark-predict: input and column checked before Spark starts
     "spark-predict: input missing": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.tmp / "nope.parquet", "--output", c.tmp / "o"],
+        ["spark-predict", c.tiny, "--input", c.tmp / "nope.parquet", "--output", c.tmp / "o"],
         "does not exist", [c.tmp / "o"]),
     "spark-predict: CSV without the text column": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.write("in.csv", "body\nhello\n"), "--output",
+        ["spark-predict", c.tiny, "--input", c.write("in.csv", "body\nhello\n"), "--output",
          c.tmp / "o"], "has no column 'text'", [c.tmp / "o"]),
     "spark-predict: Parquet without the pair column": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "o",
+        ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "o",
          "--pair-col", "second"], "has no column 'second'", [c.tmp / "o"]),
     # kafka: an unreachable broker is one line after a bounded wait, not librdkafka's log
     "kafka: unreachable broker": lambda c: (
@@ -386,7 +390,7 @@ CASES = {
          "b", "--connect-timeout", "1.5"], "cannot reach Kafka", []),
     "kafka --connect-timeout 0": lambda c: (
         ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
-         "--connect-timeout", "0"], "'--connect-timeout'", []),
+         "--connect-timeout", "0"], "kafka: 'connect_timeout' must be at least 0.001", []),
     # the output-path policy (bertopt.output_paths): real paths, never the input, --force only over bertopt's own
     "quantize --out INPUT/tokenizer/.. --force": lambda c: (
         ["quantize", c.copy_artifact(), "--out", c.tmp / "art" / "tokenizer" / "..", "--force"], "is the input",
@@ -424,16 +428,16 @@ CASES = {
         ["validate", c.tiny, "--report-dir", _user_folder(c, "mine")],
         "exists and is not a bertopt validation report", []),
     "spark-predict --output the artifact --force": lambda c: (
-        ["spark-predict", "--artifact", c.copy_artifact(), "--input", c.parquet("in.parquet"), "--output",
+        ["spark-predict", c.copy_artifact(), "--input", c.parquet("in.parquet"), "--output",
          c.tmp / "art", "--force"], "is the input", []),
     "spark-predict --output the input --force": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "in.parquet",
+        ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "in.parquet",
          "--force"], "is the input", []),
     "spark-predict --output a folder of user files --force": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output",
+        ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output",
          _user_folder(c, "mine"), "--force"], "exists and is not a bertopt spark-predict output", []),
     "spark-predict --output a folder holding the input --force": lambda c: (
-        ["spark-predict", "--artifact", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp, "--force"],
+        ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp, "--force"],
         "holds the input", []),
     "bench --json a folder": lambda c: (
         ["bench", c.tiny, "--json", _user_folder(c, "results")], "is a folder; give the path of a .json file", []),

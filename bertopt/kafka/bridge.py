@@ -41,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import BackendFailed, UserError, require
+from bertopt.kafka.params import BRIDGE_FIELDS
 from bertopt.messages import (  # noqa: F401  (the bridge's contract)
     _NO_ID,
     EMBEDDING_PAIRS_ERROR,
@@ -60,36 +61,30 @@ log = logging.getLogger("bertopt.kafka")
 FAILPOINT_ENV = "BERTOPT_KAFKA_FAILPOINT"
 PROBE_TEXT = "bertopt health probe"
 
+_DEFAULT = BRIDGE_FIELDS.defaults()  # BridgeConfig's defaults are its Params' (kafka/params.py)
+
+
 @dataclass
 class BridgeConfig:
     bootstrap: str
     request_topic: str
     response_topic: str
-    group_id: str = "bertopt-kafka"
-    max_batch: int = 64
-    max_wait_ms: int = 50
-    max_texts_per_request: int = MAX_TEXTS_PER_REQUEST
-    max_text_chars: int = MAX_TEXT_CHARS
-    max_request_bytes: int = MAX_REQUEST_BYTES
-    stats_interval_s: float = 10.0
-    connect_timeout_s: float = 10.0
+    group_id: str = _DEFAULT["group_id"]
+    max_batch: int = _DEFAULT["max_batch"]
+    max_wait_ms: int = _DEFAULT["max_wait_ms"]
+    max_texts_per_request: int = _DEFAULT["max_texts_per_request"]
+    max_text_chars: int = _DEFAULT["max_text_chars"]
+    max_request_bytes: int = _DEFAULT["max_request_bytes"]
+    stats_interval_s: float = _DEFAULT["stats_interval_s"]
+    connect_timeout_s: float = _DEFAULT["connect_timeout_s"]
     flush_timeout_s: float = 60.0
     kafka_config: dict[str, str] = field(default_factory=dict)
     client_errors: Any = field(default_factory=lambda: _ClientErrors(), repr=False, compare=False)
 
     def check(self) -> None:
-        if self.max_batch < 1:
-            raise UserError(f"--max-batch must be at least 1, got {self.max_batch}")
-        if self.max_wait_ms < 0:
-            raise UserError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
-        if self.max_texts_per_request < 1:
-            raise UserError(f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}")
-        if self.max_text_chars < 1:
-            raise UserError(f"--max-text-chars must be at least 1, got {self.max_text_chars}")
-        if self.max_request_bytes < 64:
-            raise UserError(f"--max-request-bytes must be at least 64, got {self.max_request_bytes}")
-        if not self.request_topic or not self.response_topic:
-            raise UserError("--request-topic and --response-topic must not be empty")
+        """Each value against its declaration (``kafka/params.py``: the flags' bounds, stated once), then what
+        relates two of them."""
+        BRIDGE_FIELDS.check(self, "kafka")
         if self.request_topic == self.response_topic:
             raise UserError(f"the request and response topics are both {self.request_topic!r}; the bridge would "
                             "consume its own responses: use two topics")

@@ -33,18 +33,13 @@ from bertopt.params import Param, resolve_config
 log = logging.getLogger("bertopt.kafka")
 
 
-def _positive(value: int) -> str | None:
-    return None if value >= 1 else f"must be at least 1, got {value}"
-
-
 # Declared once: the `bertopt kafka` flags (--master, --partitions) and SparkBackend's keyword arguments.
 SPARK_BACKEND_PARAMS = [
     Param("master", str, "local[2]", "spark backend: the Spark master the bridge's session connects to "
           "(local[N], spark://HOST:7077, yarn, k8s://...)."),
     Param("partitions", int, None, "spark backend: partitions (Spark tasks) each consumed batch is split into "
-          "(default: the session's default parallelism, e.g. N for local[N]).", check=_positive),
+          "(default: the session's default parallelism, e.g. N for local[N]).", min=1),
 ]
-SPARK_PARAM = {p.name: p for p in SPARK_BACKEND_PARAMS}
 
 WARMUP_TEXT = "bertopt warm-up"
 

@@ -87,6 +87,17 @@ def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
     return tok
 
 
+def sequence_length(model_info: dict[str, Any], max_seq_len: int | None = None) -> int:
+    """The tokens a text is truncated to: ``max_seq_len`` when given, else the artifact's recorded one, else the
+    model's position limit; never more than that limit (the one rule; serve and every Predictor apply it)."""
+    model_max = int(model_info.get("max_position_embeddings", 512))
+    seq = int(max_seq_len or model_info.get("max_seq_len") or model_max)
+    if seq > model_max:
+        raise UserError(f"max sequence length {seq} exceeds the model's {model_max} positions; "
+                        f"use --max-seq-len {model_max} or less")
+    return seq
+
+
 class Predictor:
     def __init__(
         self,
@@ -107,12 +118,7 @@ class Predictor:
         if isinstance(artifact, (str, os.PathLike)):
             artifact = Artifact.load(artifact, verify=verify)
         self.artifact = artifact
-        info = artifact.model_info
-        model_max = int(info.get("max_position_embeddings", 512))
-        self.max_seq_len = int(max_seq_len or info.get("max_seq_len") or model_max)
-        if self.max_seq_len > model_max:
-            raise UserError(f"max sequence length {self.max_seq_len} exceeds the model's {model_max} positions; "
-                            f"use --max-seq-len {model_max} or less")
+        self.max_seq_len = sequence_length(artifact.model_info, max_seq_len)
         if batch_size < 1:
             raise UserError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size

@@ -24,42 +24,44 @@ from typing import Callable
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
+from bertopt.serve.params import SERVE_FIELDS
 from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20
+_DEFAULT = SERVE_FIELDS.defaults()  # ServeConfig's defaults are its Params' (serve/params.py)
 
 
 @dataclass
 class ServeConfig:
     artifact: str
-    port: int = 5555
-    port_out: int = 5556
-    bind: str = "127.0.0.1"
-    num_worker: int = 1
-    max_batch_size: int = 256
-    max_batch_tokens: int = 16384
-    priority_batch_size: int = 16
-    max_seq_len: int | None = None
+    port: int = _DEFAULT["port"]
+    port_out: int = _DEFAULT["port_out"]
+    bind: str = _DEFAULT["bind"]
+    num_worker: int = _DEFAULT["num_worker"]
+    max_batch_size: int = _DEFAULT["max_batch_size"]
+    max_batch_tokens: int = _DEFAULT["max_batch_tokens"]
+    priority_batch_size: int = _DEFAULT["priority_batch_size"]
+    max_seq_len: int | None = _DEFAULT["max_seq_len"]
     device_map: list[int] | None = None
-    provider: str = "auto"
-    threads_per_worker: int | None = None
-    max_request_bytes: int = 64 * MiB
-    grace_s: float = 60.0
+    provider: str = _DEFAULT["provider"]
+    threads_per_worker: int | None = _DEFAULT["threads_per_worker"]
+    max_request_bytes: int = _DEFAULT["max_request_bytes"]
+    grace_s: float = _DEFAULT["grace_s"]
     startup_timeout_s: float = 300.0
-    curve_keys: str | None = None
+    curve_keys: str | None = _DEFAULT["curve_keys"]
     log_level: str = "INFO"
-    zmq: bool = True
-    http_port: int | None = None
-    api_key: str | None = None
-    max_client_batch_size: int = 2048
-    max_text_chars: int = 100_000
-    max_request_chars: int = 4_000_000
-    max_request_tokens: int = 1 << 20
-    body_timeout_s: float = 30.0
-    max_concurrent_requests: int = 512
-    request_timeout_s: float = 60.0
-    bulk_nice: int = 10
+    zmq: bool = _DEFAULT["zmq"]
+    http_port: int | None = _DEFAULT["http_port"]
+    api_key: str | None = _DEFAULT["api_key"]
+    max_client_batch_size: int = _DEFAULT["max_client_batch_size"]
+    max_text_chars: int = _DEFAULT["max_text_chars"]
+    max_request_chars: int = _DEFAULT["max_request_chars"]
+    max_request_tokens: int = _DEFAULT["max_request_tokens"]
+    body_timeout_s: float = _DEFAULT["body_timeout_s"]
+    max_concurrent_requests: int = _DEFAULT["max_concurrent_requests"]
+    request_timeout_s: float = _DEFAULT["request_timeout_s"]
+    bulk_nice: int = _DEFAULT["bulk_nice"]
 
     @property
     def priority_tokens(self) -> int:
@@ -67,38 +69,17 @@ class ServeConfig:
         return max(512, self.max_batch_tokens // 8)
 
     def check(self) -> None:
+        """Each value against its declaration (``serve/params.py``: the flags' bounds, stated once), then what
+        relates two of them."""
+        from bertopt.serve.params import config_values
+
+        SERVE_FIELDS.check(self, "serve", config_values(self))
         if not self.zmq and self.http_port is None:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
-        if self.http_port is not None and not 1 <= self.http_port <= 65535:
-            raise UserError(f"--http-port {self.http_port} is not a TCP port; use 1-65535")
-        for name, low in (("max_batch_tokens", 1), ("max_client_batch_size", 1), ("max_concurrent_requests", 1),
-                          ("max_text_chars", 1), ("max_request_chars", 1), ("max_request_tokens", 1)):
-            if getattr(self, name) < low:
-                raise UserError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
-        if not 0 <= self.bulk_nice <= 19:
-            raise UserError(f"--bulk-nice must be 0-19, got {self.bulk_nice}")
-        if self.body_timeout_s <= 0:
-            raise UserError(f"--body-timeout must be positive, got {self.body_timeout_s}")
-        if self.request_timeout_s <= 0:
-            raise UserError(f"--request-timeout must be positive, got {self.request_timeout_s}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise UserError("--api-key is empty; give a secret, or leave the option out")
-        for name in ("port", "port_out"):
-            value = getattr(self, name)
-            if not 1 <= value <= 65535:
-                raise UserError(f"--{name.replace('_', '-')} {value} is not a TCP port; use 1-65535")
         if self.port == self.port_out:
             raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
-        if self.num_worker < 1:
-            raise UserError(f"--num-worker must be at least 1, got {self.num_worker}")
-        if self.max_batch_size < 1:
-            raise UserError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
-        if self.priority_batch_size < 0:
-            raise UserError(f"--priority-batch-size must be 0 or more, got {self.priority_batch_size}")
         # a priority request is one mini-job, so it can be no larger than one
         self.priority_batch_size = min(self.priority_batch_size, self.max_batch_size)
-        if self.max_request_bytes < 1024:
-            raise UserError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
 
     def threads(self) -> int:
         from bertopt.runtime.backends import default_threads
@@ -113,10 +94,9 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
 
     art = Artifact.load(artifact_path)  # verified here and again by every worker that loads it (restarts too)
     info = art.model_info
-    model_max = int(info.get("max_position_embeddings", 512))
-    seq = int(max_seq_len or info.get("max_seq_len") or model_max)
-    if seq > model_max:
-        raise UserError(f"--max-seq-len {seq} exceeds the model's {model_max} positions; use {model_max} or less")
+    from bertopt.runtime.predictor import sequence_length
+
+    seq = sequence_length(info, max_seq_len)
     from bertopt.runtime.tasks import task_of, task_output
 
     task = task_of(art)

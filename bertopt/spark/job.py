@@ -183,10 +183,11 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     from bertopt.spark.udf import SPARSE_FORMATS, check_task_columns, resolve_outputs
 
     input, output = str(input), str(output)
-    if partitions is not None and partitions < 1:
-        raise UserError(f"--partitions must be at least 1, got {partitions}")
-    if batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    from bertopt.params import check_values
+    from bertopt.spark.params import SPARK_PREDICT_PARAMS
+
+    check_values(SPARK_PREDICT_PARAMS, {"partitions": partitions, "batch_size": batch_size, "max_seq_len": max_seq_len,
+                                        "max_text_chars": max_text_chars}, "spark-predict")
     if _has_scheme(output):
         raise UserError(f"output {output}: spark-predict writes to a local or shared file system path; "
                         "use the Python API (predict_dataframe) to write elsewhere")

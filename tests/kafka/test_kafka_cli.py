@@ -19,10 +19,10 @@ def test_kafka_request_parsing_rules():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--max-batch", "0"], "kafka: 'max_batch' must be at least 1, got 0"),
     (["-X", "novalue"], "-X 'novalue' is not KEY=VALUE"),
     (["-X", "no.such.property=1"], "invalid Kafka configuration"),
-    (["--backend", "grpc"], "--backend 'grpc' is not known"),
+    (["--backend", "grpc"], "kafka: 'backend' must be one of local, zmq, spark; got 'grpc'"),
 ])
 def test_kafka_bad_options_exit_2(cli, tiny_onnx, args, message):
     code, out, err = cli("kafka", tiny_onnx.path, "--bootstrap", f"127.0.0.1:{free_port()}", "--request-topic",

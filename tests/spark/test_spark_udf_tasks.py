@@ -154,7 +154,7 @@ def test_spark_predict_cli_writes_task_columns(spark, task_artifact, tmp_path, c
     src = tmp_path / "in.parquet"
     pd.DataFrame({"id": range(len(TASK_TEXTS)), "body": TASK_TEXTS}).to_parquet(src)
     out = tmp_path / "out.parquet"
-    code, stdout, err = cli("spark-predict", "-a", art.path, "-i", src, "-o", out, "--text-col", "body",
+    code, stdout, err = cli("spark-predict", art.path, "-i", src, "-o", out, "--text-col", "body",
                             "--aggregation", "average")
     assert code == 0, err
     assert "columns + entities" in " ".join(stdout.split())
@@ -178,7 +178,7 @@ def test_spark_predict_task_mistakes_are_one_line(task_artifact, tmp_path, cli):
         ((cls_art.path, "--aggregation", "mean"), "unknown aggregation 'mean'"),
     ):
         out = tmp_path / "out.parquet"
-        code, _, err = cli("spark-predict", "-a", args[0], "-i", src, "-o", out, *args[1:])
+        code, _, err = cli("spark-predict", args[0], "-i", src, "-o", out, *args[1:])
         assert code == 2 and message in err, err
         assert len(err.strip().splitlines()) == 1
         assert not out.exists()
