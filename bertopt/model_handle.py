@@ -29,11 +29,11 @@ DEFAULT_RUNTIMES = {
     "openvino-ir": "openvino",  # model.xml + model.bin
     "tf-savedmodel": "tensorflow",
     "tf-graphdef": "tensorflow",
-    "tf-function": "tensorflow",  # an in-memory TensorFlow callable (a TF source model)
+    "tensorflow": "tensorflow",  # an in-memory TensorFlow callable (a TF source model: SavedModel, .keras, checkpoint)
     "pytorch": "pytorch",  # an in-memory torch module (a Hugging Face source model with its head and pooling)
 }
 # formats the handle holds as an in-memory object (``module``) rather than a file
-IN_MEMORY_FORMATS = ("tf-function", "pytorch")
+IN_MEMORY_FORMATS = ("tensorflow", "pytorch")
 
 
 def primary_output(model: Any) -> str | None:

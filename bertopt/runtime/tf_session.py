@@ -133,10 +133,10 @@ def signature_call(fn) -> Callable[[dict, list], dict]:
 
 def session_for_model(model: ModelHandle, threads: int | None = None) -> TFSession:
     """A session on a tf-graphdef or tf-savedmodel artifact's model, or on a TF model that is no artifact (a
-    reference or a freeze source: format ``tf-function``, a signature-style callable in ``model.module``, kept alive
+    reference or a freeze source: format ``tensorflow``, a signature-style callable in ``model.module``, kept alive
     by ``model.keep_alive``)."""
     names = [o["name"] for o in model.outputs]
-    if model.model_format == "tf-function":
+    if model.model_format == "tensorflow":
         call = signature_call(model.module)
         call.keep_alive = model.keep_alive
     elif model.model_format == "tf-graphdef":

@@ -124,7 +124,7 @@ def _max_abs_diff_vs_source(writer, model) -> float:
 
     texts = corpus()[:48]
     frozen_pred = Predictor(writer.staged(), provider="cpu")
-    source = ModelHandle(model_format="tf-function", inputs=model.inputs, outputs=model.outputs,
+    source = ModelHandle(model_format="tensorflow", inputs=model.inputs, outputs=model.outputs,
                          tokenizer_path=writer.dir / "tokenizer", model_info=writer.model_info, path=writer.dir,
                          digest=model.description, module=model.function, keep_alive=model.keep_alive)
     source_pred = Predictor(source, max_seq_len=frozen_pred.max_seq_len)

@@ -26,7 +26,7 @@ def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size
                         f"({', '.join(o['name'] for o in artifact.outputs)}); name a reference with --reference")
     info = {**model.model_info, **{k: v for k, v in artifact.model_info.items() if k in ("max_seq_len",
                                                                                           "primary_output")}}
-    handle = ModelHandle(model_format="tf-function", inputs=tuple(model.inputs), outputs=tuple(outputs),
+    handle = ModelHandle(model_format="tensorflow", inputs=tuple(model.inputs), outputs=tuple(outputs),
                          tokenizer_path=artifact.tokenizer_path, model_info=info, path=source.path,
                          digest=f"tensorflow:{source.path}", module=model.function, keep_alive=model.keep_alive)
     return Predictor(handle, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
