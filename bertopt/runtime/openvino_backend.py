@@ -107,10 +107,11 @@ class OpenVinoSession:
         self._local = threading.local()  # an infer request is not thread-safe; one per calling thread
 
     def _request(self):
-        request = getattr(self._local, "request", None)
-        if request is None:
+        try:
+            return self._local.request
+        except AttributeError:  # this thread's first run
             request = self._local.request = self._compiled.create_infer_request()
-        return request
+            return request
 
     def run(self, output_names, feeds):
         unknown = [n for n in output_names if n not in self._outputs]

@@ -62,7 +62,7 @@ def graph_def_function(graph_def, input_names: list[str], output_names: list[str
 
 
 def signature_of(loaded, signature: str, where: str):
-    sigs = getattr(loaded, "signatures", {}) or {}
+    sigs = loaded.signatures  # what tf.saved_model.load returns always has them (empty when none were saved)
     if not sigs:
         raise UserError(f"{where} has no serving signature; re-save it with "
                         "tf.saved_model.save(module, path, signatures={'serving_default': fn.get_concrete_function()})")
