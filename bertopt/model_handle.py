@@ -11,10 +11,11 @@ Like Olive's model handlers and Polygraphy's loaders, the handle is a descriptio
 frozen: a variant (other runtime options, another runtime) is ``dataclasses.replace(handle, ...)``, never an
 attribute set on a shared object.
 
-A handle built from an artifact carries only paths the artifact verified (``Artifact.load`` checked every listed
-file's sha256 and that each path stays inside the folder and is a regular file); ``model_files`` names every file
-the runtime reads for the model (the model file first, then an ONNX model's external data or an OpenVINO IR's
-weights), so a format of more than one file is carried whole.
+A handle built from an artifact carries only paths of files its manifest lists: ``Artifact.load`` checked that each
+stays inside the folder and is a regular file and verified its sha256 (serve workers load, and so verify, on every
+start and restart); a handle is made after that and holds no file open. ``model_files`` names every file the
+runtime reads for the model (the model file first, then an ONNX model's external data or an OpenVINO IR's
+``model.bin``), so a format of more than one file is carried whole.
 """
 
 from __future__ import annotations
