@@ -462,12 +462,14 @@ class Artifact:
             companions.append(model_file.with_suffix(".bin").as_posix())
         companions = [rel for rel in companions if rel in listed or self.digest == _STAGING]
         runtime = "tensorflow" if model_format in ("tf-graphdef", "tf-savedmodel") else self.runtime
+        tensorflow = self.manifest.get("tensorflow")
+        signature = tensorflow.get("signature") if isinstance(tensorflow, dict) else None
         return ModelHandle(
             model_format=model_format, inputs=tuple(self.inputs), outputs=tuple(self.outputs),
             tokenizer_path=self.tokenizer_path, model_info=self.model_info, path=self.path, digest=self.digest,
             model_path=self.model_path, model_files=(self.model_path, *(self.path / rel for rel in companions)),
             runtime=runtime, runtime_options=dict(self.manifest.get("runtime_options") or {}),
-            signature=(self.manifest.get("tensorflow") or {}).get("signature"), precision=self.precision)
+            signature=signature if isinstance(signature, str) else None, precision=self.precision)
 
     def history(self) -> list[dict[str, Any]]:
         """The lineage chain, oldest first, ending with this artifact's own step."""
