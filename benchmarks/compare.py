@@ -118,14 +118,15 @@ def main(argv=None) -> int:
 
 def study_contenders(built, exported, fastest, threads, batch_size):
     """Variants isolating one optimisation step each."""
-    from bertopt.artifact import Artifact
-    from bertopt.runtime.backends import ModelFile, open_session
+    import dataclasses
+
+    from bertopt.runtime.backends import open_model, open_session
 
     def wrap(name, art, session=None, **kw):
         return artifact_contender(name, art, threads, batch_size, session=session, **kw)
 
     def ort_variant(art, **options):  # the artifact's model with other ONNX Runtime session options
-        return open_session(ModelFile(art.model_path, runtime_options=options), provider="cpu", threads=threads)
+        return open_model(art.model_path, runtime_options=options, provider="cpu", threads=threads)
 
     out = []
     for recipe, label in (("minilm-fp32-optimized", "ORT fp32 optimised"), ("minilm-int8-cpu", "ORT int8 dynamic")):
@@ -133,12 +134,12 @@ def study_contenders(built, exported, fastest, threads, batch_size):
         out.append(wrap(f"{label} +spinning", art, ort_variant(art, allow_spinning=True)))
     out.append(wrap("ORT fp32 exported, basic opt", exported,
                     ort_variant(exported, graph_optimization_level="basic")))
-    f32 = Artifact(fastest.path, {**fastest.manifest, "runtime_options": {**fastest.manifest["runtime_options"],
-                                                                          "inference_precision": "f32"}})
-    f32.manifest["precision"] = "fp32"
+    fastest_model = fastest.model_handle()
+    f32 = dataclasses.replace(fastest_model, precision="fp32",
+                              runtime_options={**fastest_model.runtime_options, "inference_precision": "f32"})
     out.append(wrap("OpenVINO f32 (same ONNX)", f32, open_session(f32, threads=threads)))
-    tput = Artifact(fastest.path, {**fastest.manifest, "runtime_options": {**fastest.manifest["runtime_options"],
-                                                                           "performance_hint": "THROUGHPUT"}})
+    tput = dataclasses.replace(fastest_model,
+                               runtime_options={**fastest_model.runtime_options, "performance_hint": "THROUGHPUT"})
     out.append(wrap("OpenVINO bf16 THROUGHPUT hint", tput, open_session(tput, threads=threads)))
     out.append(wrap("bertopt fastest, no bucketing", fastest, length_bucketing=False))
     return out

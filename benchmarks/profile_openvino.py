@@ -47,13 +47,13 @@ def precision_of(exec_type: str) -> str:
 
 def profiled_predictor(art, threads: int, batch_size: int):
     """A Predictor on ``art`` compiled by the OpenVINO backend with profiling on (the artifact's own options kept)."""
-    from bertopt.artifact import Artifact
+    import dataclasses
+
     from bertopt.runtime import Predictor
 
-    options = {**(art.manifest.get("runtime_options") or {}), "profiling": True}
-    profiled = Artifact(art.path, {**art.manifest, "runtime_options": options})
-    return Predictor(profiled, provider="cpu", threads=threads, runtime="openvino", batch_size=batch_size,
-                     verify=False)
+    handle = art.model_handle()
+    profiled = dataclasses.replace(handle, runtime_options={**handle.runtime_options, "profiling": True})
+    return Predictor(profiled, provider="cpu", threads=threads, runtime="openvino", batch_size=batch_size)
 
 
 def collect(pred, batches: list[dict]) -> dict[tuple[str, str], dict[str, float]]:

@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from bertopt.errors import ArtifactError, UserError
+from bertopt.model_handle import ModelHandle, output_kinds, primary_output
 from bertopt.output_paths import write_json
 from bertopt.tasks import DEFAULT_TASK, known_task
 from bertopt.untrusted import json_depth
@@ -41,6 +42,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "bertopt.json"
 TOKENIZER_DIR = "tokenizer"
 MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef")
+_STAGING = "staging"  # the digest of ArtifactWriter.staged(): files written by this stage, not yet hashed
 # a manifest is a few kilobytes (tens with validation results and a long history); far larger or deeper is not one
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_MANIFEST_DEPTH = 64
@@ -148,17 +150,6 @@ def external_data_locations(model_file: Path, any_suffix: bool = False) -> list[
                             "data must be a file next to the model: re-save the model with its data beside it "
                             "(onnx.save(..., save_as_external_data=True, location='model.onnx_data'))")
     return names
-
-
-def primary_output(model) -> str | None:
-    """The output ``encode`` returns: the manifest's ``primary_output``, else the last output (``model`` is an
-    Artifact or a reference model's spec with ``model_info`` and ``outputs``)."""
-    return model.model_info.get("primary_output") or (model.outputs[-1]["name"] if model.outputs else None)
-
-
-def output_kinds(outputs: list[dict[str, Any]]) -> dict[str, str]:
-    """Output name -> kind (embedding, token, logits, ...); an output that records none is an embedding."""
-    return {o["name"]: o.get("kind", "embedding") for o in outputs}
 
 
 def tool_versions() -> dict[str, str]:
@@ -460,6 +451,27 @@ class Artifact:
         """The runtime backend this artifact is meant to be served with (``onnxruntime`` by default)."""
         return self.manifest.get("runtime", "onnxruntime")
 
+    def model_handle(self) -> ModelHandle:
+        """What a runtime opens for this artifact (``runtime.open_session``, ``Predictor``): its model file and
+        every file the runtime reads with it (external data; an OpenVINO IR's weights), which ``load`` verified,
+        the runtime and options the manifest records, inputs, outputs, tokenizer folder and model info."""
+        model_format = self.model_format
+        model_file = PurePosixPath(self.manifest["model_file"])
+        listed = self.manifest.get("files", {})
+        companions = list(self.manifest.get("external_data", []))
+        if model_format == "openvino-ir":  # the weights beside model.xml
+            companions.append(model_file.with_suffix(".bin").as_posix())
+        companions = [rel for rel in companions if rel in listed or self.digest == _STAGING]
+        runtime = "tensorflow" if model_format in ("tf-graphdef", "tf-savedmodel") else self.runtime
+        tensorflow = self.manifest.get("tensorflow")
+        signature = tensorflow.get("signature") if isinstance(tensorflow, dict) else None
+        return ModelHandle(
+            model_format=model_format, inputs=tuple(self.inputs), outputs=tuple(self.outputs),
+            tokenizer_path=self.tokenizer_path, model_info=self.model_info, path=self.path, digest=self.digest,
+            model_path=self.model_path, model_files=(self.model_path, *(self.path / rel for rel in companions)),
+            runtime=runtime, runtime_options=dict(self.manifest.get("runtime_options") or {}),
+            signature=signature if isinstance(signature, str) else None, precision=self.precision)
+
     def history(self) -> list[dict[str, Any]]:
         """The lineage chain, oldest first, ending with this artifact's own step."""
         return list(self.manifest.get("history", [])) + [self.lineage_summary()]
@@ -749,7 +761,7 @@ class ArtifactWriter:
         if self._model is None:
             raise RuntimeError(f"stage {self.stage} did not call set_model()")
         return Artifact(self.dir, {**self._model, "model": self.model_info, "runtime": self.runtime, **self.extra,
-                                   "digest": "staging", "files": {}})
+                                   "digest": _STAGING, "files": {}})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:

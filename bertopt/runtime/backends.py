@@ -1,19 +1,21 @@
-"""Runtime backends: an artifact's model file -> something with ``run(output_names, feeds)``.
+"""Runtime backends: a model handle (``bertopt.model_handle.ModelHandle``) -> a session with
+``run(output_names, feeds)``.
 
-Backends are chosen per artifact (``artifact.runtime``, recorded in the manifest) or overridden by the
-caller. New backends register with ``@register_backend``; the Predictor never branches on them.
+The backend is the handle's ``runtime`` (an artifact's is recorded in its manifest) or the caller's override.
+New backends register with ``@register_backend(name)``: a factory ``(handle, provider=, threads=[, device_id=])``
+that reads the handle's fields and nothing else; the Predictor never branches on them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from bertopt.errors import UserError, require
+from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.params import PROVIDERS
 from bertopt.plugins import Registry, import_all
 
@@ -21,6 +23,7 @@ from bertopt.plugins import Registry, import_all
 class Session(Protocol):
     backend: str
     provider: str
+    threads: int
     input_names: list[str]
     output_names: list[str]
 
@@ -40,44 +43,31 @@ def register_backend(name: str):
     return _BACKENDS.register(name)
 
 
-@dataclass
-class ModelFile:
-    """A model to open without an artifact around it (a candidate of the accuracy search, a probe copy of a
-    graph with extra outputs): its file, or its serialised bytes, and the runtime (and options) to run it on."""
-
-    model_path: Path | None = None
-    runtime: str = "onnxruntime"
-    runtime_options: dict[str, Any] = field(default_factory=dict)
-    model_bytes: bytes | None = None
-    model_format: str = "onnx"
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return {"runtime_options": self.runtime_options}
-
-
 def open_model(model, *, runtime: str = "onnxruntime", provider: str = "cpu", threads: int | None = None,
                runtime_options: dict[str, Any] | None = None) -> Session:
-    """A session on an in-memory ONNX model (``ModelProto``) or a model file path, through the backend registry."""
+    """A session on a model that is no artifact (a candidate of the accuracy search, a probe copy of a graph with
+    extra outputs): an in-memory ONNX model (``ModelProto``) or a model file path, through the backend registry."""
     if isinstance(model, (str, os.PathLike)):
-        file = ModelFile(Path(model), runtime=runtime, runtime_options=dict(runtime_options or {}))
+        path, data, shown = Path(model), None, Path(model)
     else:
-        file = ModelFile(None, runtime=runtime, runtime_options=dict(runtime_options or {}),
-                         model_bytes=model.SerializeToString())
-    return open_session(file, provider=provider, threads=threads)
+        path, data, shown = None, model.SerializeToString(), None
+    handle = ModelHandle(model_format="onnx", inputs=(), outputs=(), tokenizer_path=None, model_info={}, path=shown,
+                         digest="model", model_path=path, model_bytes=data, runtime=runtime,
+                         runtime_options=dict(runtime_options or {}))
+    return open_session(handle, provider=provider, threads=threads)
 
 
-def open_session(artifact, backend: str | None = None, provider: str = "auto",
+def open_session(model: ModelHandle, backend: str | None = None, provider: str = "auto",
                  threads: int | None = None, device_id: int | None = None) -> Session:
-    name = backend or artifact.runtime
-    if artifact.model_format in ("tf-graphdef", "tf-savedmodel") and backend is None:
-        name = "tensorflow"
-    factory = _BACKENDS.get(name)
+    """A session on ``model`` with its runtime (``model.runtime``) or ``backend``, the caller's choice."""
+    if not isinstance(model, ModelHandle):
+        raise TypeError(f"open_session opens a ModelHandle (artifact.model_handle()), not {type(model).__name__}")
+    factory = _BACKENDS.get(backend or model.runtime)
     if provider not in PROVIDERS:
         raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
     # device_id (which GPU) is only passed when given, so backends without GPUs need not accept it
     extra = {"device_id": device_id} if device_id is not None else {}
-    return factory(artifact, provider=provider, threads=threads, **extra)
+    return factory(model, provider=provider, threads=threads, **extra)
 
 
 def default_threads() -> int:
@@ -97,18 +87,21 @@ class OrtSession:
 
     backend = "onnxruntime"
 
-    def __init__(self, artifact, provider: str = "auto", threads: int | None = None,
+    def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None,
                  device_id: int | None = None):
         ort = require("onnxruntime", "onnx", "running ONNX artifacts")
+        if model.model_format != "onnx":
+            raise UserError(f"ONNX Runtime runs ONNX models, not {model.model_format} ({model.shown_as}); "
+                            f"use --runtime {DEFAULT_RUNTIMES[model.model_format]}")
         available = ort.get_available_providers()
         wanted = _ort_providers(provider, available)
-        runtime_options = (getattr(artifact, "manifest", None) or {}).get("runtime_options") or {}
+        runtime_options = model.runtime_options
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or default_threads()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         level = runtime_options.get("graph_optimization_level", "all")
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_OPT_LEVELS[level])
+        options.graph_optimization_level = ort.GraphOptimizationLevel.__members__[_ORT_OPT_LEVELS[level]]
         # Spinning threads burn the other core between batches; on a shared 2-core box it costs more
         # than it saves, and it makes co-located workers (server, Spark) fight.
         spinning = "1" if runtime_options.get("allow_spinning") else "0"
@@ -117,10 +110,10 @@ class OrtSession:
         try:
             gpu_options = {"device_id": str(device_id)} if device_id is not None else {}
             providers = [(p, gpu_options) if gpu_options and p in _GPU_PROVIDERS else p for p in wanted]
-            model = getattr(artifact, "model_bytes", None) or str(artifact.model_path)
-            self._session = ort.InferenceSession(model, sess_options=options, providers=providers)
+            source = model.model_bytes or str(model.model_path)
+            self._session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
-            raise UserError(f"ONNX Runtime cannot load {artifact.model_path or 'the model'}: "
+            raise UserError(f"ONNX Runtime cannot load {model.model_path or 'the model'}: "
                             f"{str(exc).splitlines()[0]}; re-create the artifact") from None
         got = self._session.get_providers()
         if provider in ("cuda", "tensorrt") and wanted[0] not in got:
@@ -162,5 +155,4 @@ register_backend("onnxruntime")(OrtSession)
 
 
 def describe(session: Any) -> dict[str, Any]:
-    return {"backend": session.backend, "provider": session.provider,
-            "threads": getattr(session, "threads", None)}
+    return {"backend": session.backend, "provider": session.provider, "threads": session.threads}

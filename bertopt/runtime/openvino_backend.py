@@ -1,4 +1,5 @@
-"""OpenVINO as a runtime backend: reads the artifact's ONNX file and runs it on the CPU plugin.
+"""OpenVINO as a runtime backend: reads a model handle's ONNX file (or OpenVINO IR, model.xml with its model.bin)
+and runs it on the CPU plugin.
 
 An artifact is served with OpenVINO when its manifest says ``"runtime": "openvino"`` (written by
 ``bertopt compile --runtime openvino``) or when a caller passes ``runtime="openvino"``. Its
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError, require
+from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.runtime.backends import default_threads, register_backend
 
 PRECISIONS = ("auto", "bf16", "f32")
@@ -30,11 +32,6 @@ PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
 def cache_dir() -> Path:
     root = os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")
     return Path(root) / "openvino"
-
-
-def runtime_options(artifact) -> dict[str, Any]:
-    manifest = getattr(artifact, "manifest", None) or {}
-    return dict(manifest.get("runtime_options") or {})
 
 
 def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -75,16 +72,22 @@ class OpenVinoSession:
     # wait behind another (the server's priority lane) opens a session of its own
     concurrent_runs = False
 
-    def __init__(self, artifact, provider: str = "auto", threads: int | None = None):
+    def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None):
         ov = require("openvino", "openvino", "running artifacts with OpenVINO")
         if provider not in ("auto", "cpu"):
             raise UserError(f"provider '{provider}' is not available with the OpenVINO runtime (it runs on the "
                             "CPU here); use --provider cpu or --runtime onnxruntime")
         self.threads = threads or default_threads()
-        self.options = runtime_options(artifact)
+        if model.model_format not in ("onnx", "openvino-ir"):
+            raise UserError(f"OpenVINO runs ONNX and OpenVINO IR models, not {model.model_format} ({model.shown_as}); "
+                            f"use --runtime {DEFAULT_RUNTIMES[model.model_format]}")
+        if model.model_path is None:
+            raise UserError("the OpenVINO runtime opens model files, and this model is only in memory; save it "
+                            "to a file first, or use --runtime onnxruntime")
+        self.options = dict(model.runtime_options)
         config = compile_config(self.options, self.threads)
         core = ov.Core()
-        path = str(artifact.model_path)
+        path = str(model.model_path)  # an IR's model.xml: OpenVINO reads the model.bin beside it (model_files)
         try:
             # compiling from the path (not a read model) lets OpenVINO use its blob cache
             self._compiled = core.compile_model(path, "CPU", config)
@@ -104,10 +107,11 @@ class OpenVinoSession:
         self._local = threading.local()  # an infer request is not thread-safe; one per calling thread
 
     def _request(self):
-        request = getattr(self._local, "request", None)
-        if request is None:
+        try:
+            return self._local.request
+        except AttributeError:  # this thread's first run
             request = self._local.request = self._compiled.create_infer_request()
-        return request
+            return request
 
     def run(self, output_names, feeds):
         unknown = [n for n in output_names if n not in self._outputs]

@@ -1,4 +1,4 @@
-"""Predictor: artifact -> session -> text in, embeddings/logits out.
+"""Predictor: artifact (or any model handle) -> session -> text in, embeddings/logits out.
 
 This is the only place a served or validated model is run (``run``, ``validate``, ``bench``, the Spark
 UDF, the ZeroMQ worker and the Kafka bridge all build a Predictor), so what is validated is what is served.
@@ -20,8 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertopt.artifact import Artifact, primary_output, read_regular_file
+from bertopt.artifact import Artifact, read_regular_file
 from bertopt.errors import UserError
+from bertopt.model_handle import ModelHandle
 from bertopt.runtime.backends import describe, open_session
 from bertopt.untrusted import lone_surrogate
 
@@ -101,7 +102,7 @@ def sequence_length(model_info: dict[str, Any], max_seq_len: int | None = None) 
 class Predictor:
     def __init__(
         self,
-        artifact: Artifact | str | os.PathLike,
+        model: ModelHandle | Artifact | str | os.PathLike,
         *,
         provider: str = "auto",
         threads: int | None = None,
@@ -113,36 +114,47 @@ class Predictor:
         session=None,
         device_id: int | None = None,
     ):
-        # ``artifact`` is an Artifact (or its path); reference models pass a spec object with the same
-        # attributes plus their own ``session`` (PyTorch, TensorFlow), so they share this code path.
-        if isinstance(artifact, (str, os.PathLike)):
-            artifact = Artifact.load(artifact, verify=verify)
-        self.artifact = artifact
-        self.max_seq_len = sequence_length(artifact.model_info, max_seq_len)
+        # ``model`` is an artifact folder (loaded and verified here), an Artifact, or a ModelHandle (a reference
+        # model, a staged artifact's handle, a variant with other runtime options); ``session`` runs another model
+        # with this one's description (the accuracy search's candidates, a view at another sequence length).
+        if isinstance(model, (str, os.PathLike)):
+            model = Artifact.load(model, verify=verify)
+        if isinstance(model, Artifact):
+            handle = model.model_handle()
+        elif isinstance(model, ModelHandle):
+            handle = model
+        else:
+            raise TypeError(f"Predictor runs an artifact or a ModelHandle, not {type(model).__name__}")
+        self.model = handle
+        # what the model is, for callers that describe or inspect it (model_info, inputs, outputs, path, digest):
+        # the Artifact when there is one, else the handle, which carries the same facts
+        self.artifact: Artifact | ModelHandle = model
+        info = handle.model_info
+        self.max_seq_len = sequence_length(info, max_seq_len)
         if batch_size < 1:
             raise UserError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
         self.length_bucketing = length_bucketing
-        self.tokenizer = load_tokenizer(artifact.tokenizer_path, self.max_seq_len)
-        self.session = session or open_session(artifact, backend=runtime, provider=provider, threads=threads,
+        self.tokenizer = load_tokenizer(handle.tokenizer_path, self.max_seq_len)
+        self.session = session or open_session(handle, backend=runtime, provider=provider, threads=threads,
                                                device_id=device_id)
-        self.input_names = [i["name"] for i in artifact.inputs]
+        self.input_names = [i["name"] for i in handle.inputs]
         missing = [n for n in self.input_names if n not in self.session.input_names]
         if missing:
-            raise UserError(f"artifact {artifact.path} declares inputs {missing} the model does not have; "
+            raise UserError(f"artifact {handle.path} declares inputs {missing} the model does not have; "
                             "re-create the artifact")
-        self.outputs = {o["name"]: o for o in artifact.outputs}
-        self.output_names = [o["name"] for o in artifact.outputs]
-        self.primary_output = primary_output(artifact)
+        self.outputs = {o["name"]: o for o in handle.outputs}
+        self.output_names = [o["name"] for o in handle.outputs]
+        self.primary_output = handle.primary_output
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
         self._lock = threading.Lock()  # sessions are thread-safe; counters are not
 
     # -- info -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         return {
-            "artifact": str(self.artifact.path),
-            "digest": self.artifact.digest,
-            "precision": self.artifact.precision,
+            "artifact": str(self.model.path),
+            "digest": self.model.digest,
+            "precision": self.model.precision,
             "max_seq_len": self.max_seq_len,
             "batch_size": self.batch_size,
             "primary_output": self.primary_output,
@@ -183,7 +195,7 @@ class Predictor:
         all_feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
                      "input_mask": mask, "segment_ids": types}
         feeds = {}
-        for spec in self.artifact.inputs:
+        for spec in self.model.inputs:
             arr = all_feeds[spec.get("role", spec["name"])]
             if spec.get("dtype") == "int32":
                 arr = arr.astype(np.int32)
@@ -280,7 +292,7 @@ class Predictor:
         """embedding, classification, token-classification, rerank or sparse-embedding."""
         from bertopt.runtime.tasks import task_of
 
-        return task_of(self.artifact)
+        return task_of(self.model)
 
     def predict(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, aggregation: str = "simple",
                 ignore_labels: Sequence[str] | None = None) -> list[Any]:

@@ -4,15 +4,16 @@ same Predictor (tokenisation, bucketing, validation) as ONNX artifacts. TensorFl
 from __future__ import annotations
 
 from bertopt.errors import UserError, require
+from bertopt.model_handle import ModelHandle
 from bertopt.runtime.backends import register_backend
 
 
 @register_backend("tensorflow")
-def open_tensorflow_session(artifact, provider: str = "auto", threads: int | None = None):
+def open_tensorflow_session(model: ModelHandle, provider: str = "auto", threads: int | None = None):
     if provider not in ("auto", "cpu"):
         raise UserError(f"the TensorFlow runtime in bertopt runs on CPU; provider '{provider}' is not available "
                         "(use --provider cpu, or export the graph to ONNX for CUDA/TensorRT)")
     require("tensorflow", "tf", "running TensorFlow artifacts")
-    from bertopt.runtime.tf_session import session_for_artifact
+    from bertopt.runtime.tf_session import session_for_model
 
-    return session_for_artifact(artifact, threads=threads)
+    return session_for_model(model, threads=threads)

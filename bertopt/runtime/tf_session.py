@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from bertopt.errors import UserError
+from bertopt.model_handle import ModelHandle
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "AssignVariableOp",
                  "VarIsInitializedOp", "ResourceGather", "_Arg"}
@@ -61,7 +62,7 @@ def graph_def_function(graph_def, input_names: list[str], output_names: list[str
 
 
 def signature_of(loaded, signature: str, where: str):
-    sigs = getattr(loaded, "signatures", {}) or {}
+    sigs = loaded.signatures  # what tf.saved_model.load returns always has them (empty when none were saved)
     if not sigs:
         raise UserError(f"{where} has no serving signature; re-save it with "
                         "tf.saved_model.save(module, path, signatures={'serving_default': fn.get_concrete_function()})")
@@ -130,24 +131,23 @@ def signature_call(fn) -> Callable[[dict, list], dict]:
     return call
 
 
-def session_for_artifact(artifact, threads: int | None = None) -> TFSession:
-    """A session on a tf-graphdef or tf-savedmodel artifact, or on a TF model that is no artifact (a reference or
-    a freeze source: ``artifact.function``, a signature-style callable, kept alive by ``artifact.keep_alive``)."""
-    names = [o["name"] for o in artifact.outputs]
-    function = getattr(artifact, "function", None)
-    if function is not None:
-        call = signature_call(function)
-        call.keep_alive = getattr(artifact, "keep_alive", None)
-    elif artifact.model_format == "tf-graphdef":
-        graph_def = load_graph_def(artifact.model_path, where=str(artifact.model_path))
-        check_frozen(graph_def, str(artifact.model_path))
-        call = graph_def_call(graph_def, [i["name"] for i in artifact.inputs])
-    elif artifact.model_format == "tf-savedmodel":
-        signature = artifact.manifest.get("tensorflow", {}).get("signature", "serving_default")
-        loaded = tf.saved_model.load(str(artifact.model_path))
-        call = signature_call(signature_of(loaded, signature, str(artifact.model_path)))
+def session_for_model(model: ModelHandle, threads: int | None = None) -> TFSession:
+    """A session on a tf-graphdef or tf-savedmodel artifact's model, or on a TF model that is no artifact (a
+    reference or a freeze source: format ``tensorflow``, a signature-style callable in ``model.module``, kept alive
+    by ``model.keep_alive``)."""
+    names = [o["name"] for o in model.outputs]
+    if model.model_format == "tensorflow":
+        call = signature_call(model.module)
+        call.keep_alive = model.keep_alive
+    elif model.model_format == "tf-graphdef":
+        graph_def = load_graph_def(model.model_path, where=str(model.model_path))
+        check_frozen(graph_def, str(model.model_path))
+        call = graph_def_call(graph_def, [i["name"] for i in model.inputs])
+    elif model.model_format == "tf-savedmodel":
+        loaded = tf.saved_model.load(str(model.model_path))
+        call = signature_call(signature_of(loaded, model.signature or "serving_default", str(model.model_path)))
         call.keep_alive = loaded  # the signature needs its SavedModel object alive
     else:
         raise UserError(f"the TensorFlow runtime runs tf-graphdef and tf-savedmodel artifacts, not "
-                        f"{artifact.model_format}")
-    return TFSession(call, artifact.inputs, names, threads=threads)
+                        f"{model.model_format}")
+    return TFSession(call, list(model.inputs), names, threads=threads)

@@ -1,12 +1,14 @@
 """The ``pytorch`` runtime backend: a torch module (a Hugging Face model with its pooling, the reference a source
-model is compared with) run as a session. The model object carries the module (``model.module``) and may ask for
-bf16 autocast in ``manifest["runtime_options"]``. PyTorch is imported on first use."""
+model is compared with) run as a session. The model handle (format ``pytorch``) carries the module
+(``model.module``) and may ask for bf16 autocast in ``runtime_options`` (``{"bf16": true}``). PyTorch is imported
+on first use."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.model_handle import ModelHandle
 from bertopt.runtime.backends import default_threads, register_backend
 
 
@@ -39,14 +41,12 @@ class TorchSession:
 
 
 @register_backend("pytorch")
-def open_torch_session(model, provider: str = "auto", threads: int | None = None) -> TorchSession:
+def open_torch_session(model: ModelHandle, provider: str = "auto", threads: int | None = None) -> TorchSession:
     if provider not in ("auto", "cpu"):
         raise UserError(f"the PyTorch reference runs on CPU in bertopt; provider '{provider}' is not available "
                         "(use --provider cpu)")
-    module = getattr(model, "module", None)
-    if module is None:
+    if model.model_format != "pytorch":
         raise UserError(f"{model.path} holds no PyTorch module to run; the pytorch runtime runs reference models "
                         "built from Hugging Face folders")
-    options = (getattr(model, "manifest", None) or {}).get("runtime_options") or {}
-    return TorchSession(module, [i["name"] for i in model.inputs], [o["name"] for o in model.outputs],
-                        threads=threads, bf16=bool(options.get("bf16")))
+    return TorchSession(model.module, [i["name"] for i in model.inputs], [o["name"] for o in model.outputs],
+                        threads=threads, bf16=bool(model.runtime_options.get("bf16")))

@@ -1,5 +1,5 @@
-"""Hugging Face model folders: metadata, the PyTorch model with its task head, and the PyTorch reference (run by
-the ``pytorch`` runtime backend).
+"""Hugging Face model folders: metadata, the PyTorch model with its task head, and the PyTorch reference (its
+model handle, ``hf_model_handle``, run by the ``pytorch`` runtime backend).
 
 ``read_model_info`` recognises the family (``bertopt.families``) and the task from the folder: the config's
 ``architectures`` (a sequence / token classification or masked-LM head) and a sentence-transformers
@@ -19,6 +19,7 @@ from typing import Any
 
 from bertopt.errors import UserError, require
 from bertopt.families import family_by_name, family_for_config
+from bertopt.model_handle import ModelHandle
 from bertopt.tasks import TASK_SPECS, TASKS, canonical_task, task_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model",
@@ -482,47 +483,36 @@ INPUT_SPECS = [
 ]
 
 
-class SourceModel:
-    """What a Predictor needs to know about a model that is not (yet) an artifact."""
-
-    def __init__(self, path: Path, tokenizer_path: Path, inputs, outputs, model_info, label: str, module=None,
-                 runtime_options: dict[str, Any] | None = None):
-        self.path = path
-        self.tokenizer_path = tokenizer_path
-        self.inputs = inputs
-        self.outputs = outputs
-        self.model_info = model_info
-        self.digest = label
-        self.precision = "fp32"
-        self.model_format = "pytorch"
-        self.runtime = "pytorch"
-        self.module = module  # the torch module the ``pytorch`` runtime backend runs
-        self.manifest = {"runtime_options": dict(runtime_options or {})}
-
-
-def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, max_seq_len: int | None = None,
-                 batch_size: int = 32, pooling: str | list | None = "auto", length_bucketing: bool = True,
-                 task: str | None = None):
-    """A Predictor running the original Hugging Face model (with its task head) in PyTorch."""
+def hf_model_handle(path: Path, *, bf16: bool = False, pooling: str | list | None = "auto",
+                    task: str | None = None) -> ModelHandle:
+    """The Hugging Face model in ``path`` (with its task head and pooling) as a handle the ``pytorch`` runtime
+    runs: the module is built here, its tokenizer is the folder's ``tokenizer.json`` (or one built from the slow
+    tokenizer files in a scratch folder)."""
     import tempfile
-
-    from bertopt.runtime import Predictor
 
     path = Path(path)
     info = read_model_info(path, task=task)
     pool_mode = resolve_pooling(info, pooling)
     module = build_encoder_module(path, info, pool_mode)
     outputs = output_specs(info, pool_mode)
-    inputs = input_specs(info)
     info = {**info, "primary_output": outputs[-1]["name"]}
     tok_dir = path
     if not (path / "tokenizer.json").exists():  # build one from the slow-tokenizer files, in a scratch folder
         tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
         copy_tokenizer(path, tok_dir, family=info["family"])
-    spec = SourceModel(path, tok_dir, inputs, outputs, info, label=f"pytorch:{path}", module=module,
+    return ModelHandle(model_format="pytorch", inputs=tuple(input_specs(info)), outputs=tuple(outputs),
+                       tokenizer_path=tok_dir, model_info=info, path=path, digest=f"pytorch:{path}", module=module,
                        runtime_options={"bf16": bf16})
-    return Predictor(spec, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
-                     length_bucketing=length_bucketing)
+
+
+def hf_reference(path: Path, *, threads: int | None = None, bf16: bool = False, max_seq_len: int | None = None,
+                 batch_size: int = 32, pooling: str | list | None = "auto", length_bucketing: bool = True,
+                 task: str | None = None):
+    """A Predictor running the original Hugging Face model (with its task head) in PyTorch."""
+    from bertopt.runtime import Predictor
+
+    return Predictor(hf_model_handle(path, bf16=bf16, pooling=pooling, task=task), threads=threads,
+                     max_seq_len=max_seq_len, batch_size=batch_size, length_bucketing=length_bucketing)
 
 
 def resolve_pooling(info: dict[str, Any], pooling: str | list | None) -> str | list | None:

@@ -127,13 +127,14 @@ def _max_abs_diff_vs_torch(writer, module, names, texts, info, inputs) -> tuple[
     (hidden states of wide models reach 10-50, where float32 summation order alone moves values by ~1e-4)."""
     import numpy as np
 
+    from bertopt.model_handle import ModelHandle
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import SourceModel
 
     staged = writer.staged()
     onnx_pred = Predictor(staged, provider="cpu")
-    spec = SourceModel(writer.dir, writer.dir / "tokenizer", inputs, staged.outputs, info, "pytorch", module=module)
-    torch_pred = Predictor(spec, provider="cpu")
+    torch_pred = Predictor(ModelHandle(model_format="pytorch", inputs=inputs, outputs=staged.outputs,
+                                       tokenizer_path=writer.dir / "tokenizer", model_info=info, path=writer.dir,
+                                       digest="pytorch", module=module), provider="cpu")
     pairs = texts[1:] + texts[:1] if info.get("pair_input") else None
     a, b = onnx_pred.run(texts, pairs), torch_pred.run(texts, pairs)
     worst = scaled = 0.0

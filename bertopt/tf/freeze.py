@@ -118,17 +118,16 @@ def _max_abs_diff_vs_source(writer, model) -> float:
     from bertopt.artifact import output_kinds
     from bertopt.data import corpus
     from bertopt.measure.compare import compare_runs
+    from bertopt.model_handle import ModelHandle
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import SourceModel
     from bertopt.stages.common import worst_abs_diff
 
     texts = corpus()[:48]
     frozen_pred = Predictor(writer.staged(), provider="cpu")
-    spec = SourceModel(writer.dir, writer.dir / "tokenizer", model.inputs, model.outputs, writer.model_info,
-                       label=model.description)
-    spec.runtime = spec.model_format = "tensorflow"
-    spec.function, spec.keep_alive = model.function, model.keep_alive
-    source_pred = Predictor(spec, max_seq_len=frozen_pred.max_seq_len)
+    source = ModelHandle(model_format="tensorflow", inputs=model.inputs, outputs=model.outputs,
+                         tokenizer_path=writer.dir / "tokenizer", model_info=writer.model_info, path=writer.dir,
+                         digest=model.description, module=model.function, keep_alive=model.keep_alive)
+    source_pred = Predictor(source, max_seq_len=frozen_pred.max_seq_len)
     names = frozen_pred.output_names
     kinds = output_kinds(model.outputs)
     try:

@@ -8,8 +8,8 @@ from bertopt.errors import UserError, require
 
 def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size=32, length_bucketing=True):
     require("tensorflow", "tf", "running the TensorFlow reference model")
+    from bertopt.model_handle import ModelHandle
     from bertopt.runtime import Predictor
-    from bertopt.sources.hf import SourceModel
     from bertopt.tf.sources import open_tf_model
 
     pooling = next((o.get("pooling") for o in artifact.outputs if o.get("kind") == "embedding" and o.get("pooling")),
@@ -26,9 +26,8 @@ def tf_reference(source, artifact, *, threads=None, max_seq_len=None, batch_size
                         f"({', '.join(o['name'] for o in artifact.outputs)}); name a reference with --reference")
     info = {**model.model_info, **{k: v for k, v in artifact.model_info.items() if k in ("max_seq_len",
                                                                                           "primary_output")}}
-    spec = SourceModel(source.path, artifact.tokenizer_path, model.inputs, outputs, info,
-                       label=f"tensorflow:{source.path}")
-    spec.runtime = spec.model_format = "tensorflow"
-    spec.function, spec.keep_alive = model.function, model.keep_alive  # run by the tensorflow runtime backend
-    return Predictor(spec, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
+    handle = ModelHandle(model_format="tensorflow", inputs=tuple(model.inputs), outputs=tuple(outputs),
+                         tokenizer_path=artifact.tokenizer_path, model_info=info, path=source.path,
+                         digest=f"tensorflow:{source.path}", module=model.function, keep_alive=model.keep_alive)
+    return Predictor(handle, threads=threads, max_seq_len=max_seq_len, batch_size=batch_size,
                      length_bucketing=length_bucketing)

@@ -53,19 +53,19 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
         return builder(source, artifact, threads=threads, max_seq_len=max_seq_len,
                                         batch_size=batch_size, length_bucketing=length_bucketing)
     if source.kind == "onnx":
+        from bertopt.model_handle import ModelHandle
         from bertopt.runtime import Predictor
-        from bertopt.sources.hf import SourceModel
 
-        spec = SourceModel(source.path, artifact.tokenizer_path, artifact.inputs, artifact.outputs,
-                           artifact.model_info, label=f"onnx:{source.path}")
-        spec.model_path = source.path
+        model_path, model_bytes = source.path, None
         appended = artifact.model_info.get("sentence_pipeline")
         if appended:  # the import appended the folder's sentence-transformers pipeline: the reference gets it too
-            scratch, spec.model_bytes = _onnx_with_pipeline(source.path, artifact.model_info, appended)
-            spec.model_path = scratch or source.path
-        spec.runtime = "onnxruntime"
-        spec.model_format = "onnx"
-        return Predictor(spec, provider="cpu", threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
+            scratch, model_bytes = _onnx_with_pipeline(source.path, artifact.model_info, appended)
+            model_path = scratch or source.path
+        handle = ModelHandle(model_format="onnx", inputs=tuple(artifact.inputs), outputs=tuple(artifact.outputs),
+                             tokenizer_path=artifact.tokenizer_path, model_info=artifact.model_info, path=source.path,
+                             digest=f"onnx:{source.path}", model_path=model_path, model_bytes=model_bytes,
+                             runtime="onnxruntime")
+        return Predictor(handle, provider="cpu", threads=threads, batch_size=batch_size, max_seq_len=max_seq_len,
                          length_bucketing=length_bucketing)
     raise UserError(f"cannot run a {source.kind} reference")
 

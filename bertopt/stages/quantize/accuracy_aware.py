@@ -72,11 +72,11 @@ class Evaluator:
     def __call__(self, model_path: Path) -> dict[str, float]:
         from bertopt.measure.compare import compare_runs
         from bertopt.runtime import Predictor
-        from bertopt.runtime.backends import ModelFile, open_session
+        from bertopt.runtime.backends import open_model
 
-        file = ModelFile(Path(model_path), runtime=self.runtime, runtime_options=self.runtime_options)
-        predictor = Predictor(self.art, session=open_session(file, provider="cpu", threads=self.threads),
-                              verify=False)
+        session = open_model(Path(model_path), runtime=self.runtime, runtime_options=self.runtime_options,
+                             provider="cpu", threads=self.threads)
+        predictor = Predictor(self.art, session=session, verify=False)
         got = predictor.run(self.texts)
         self.evaluations += 1
         stats = compare_runs(got, self.reference, self.kinds)
