@@ -165,7 +165,7 @@ def flops_per_sentence(model_info: dict[str, Any], seq_len: int) -> float:
 def executed_flops(predictor, texts: Sequence[str], batch_size: int) -> float:
     """FLOPs the hardware actually runs for ``texts`` in ``predictor``'s batches: each batch is padded to its
     longest text, so padding counts (it is computed) and mixed-length text is priced by its real shapes."""
-    info = predictor.artifact.model_info
+    info = predictor.model.model_info
     encodings = predictor.tokenize(texts)
     return sum(len(b) * flops_per_sentence(info, max(len(encodings[i].ids) for i in b))
                for b in predictor.plan_batches(encodings, batch_size))
@@ -212,7 +212,7 @@ def measure(contenders: list[Contender], settings: Settings, reference: Contende
     for c in contenders:
         m = runs[c.name]
         padded_rate = len(padded) / statistics.median(m["padded"])
-        flops = flops_per_sentence(c.predictor.artifact.model_info, s.seq_len)
+        flops = flops_per_sentence(c.predictor.model.model_info, s.seq_len)
         mixed_flops = executed_flops(c.predictor, mixed, s.batch_size) if flops else 0.0
         results.append({
             "name": c.name,
@@ -265,18 +265,18 @@ def task_fidelity_against(results, contenders, reference: Contender, texts: list
     from bertopt.measure.fidelity import rerank_pairs, task_fidelity
     from bertopt.runtime.tasks import task_of, task_output
 
-    task = task_of(reference.predictor.artifact)
+    task = task_of(reference.predictor.model)
     if task == "embedding":
         return
     pairs = None
     if task == "rerank":
         texts, pairs = rerank_pairs(texts)
     say(f"{task} fidelity reference")
-    ref_name = task_output(reference.predictor.artifact, task)
+    ref_name = task_output(reference.predictor.model, task)
     want = reference.predictor.run(texts, pairs, outputs=[ref_name])[ref_name]
     for res, c in zip(results, contenders):
         say(f"{task} fidelity {c.name}")
-        name = task_output(c.predictor.artifact, task)
+        name = task_output(c.predictor.model, task)
         got = want if c is reference else c.predictor.run(texts, pairs, outputs=[name])[name]
         res["fidelity"]["task"] = {"task": task, **task_fidelity(task, c.predictor, texts, pairs, got, want)}
 

@@ -139,7 +139,7 @@ def typer_parameters(params: Sequence[Param]) -> list[inspect.Parameter]:
         if p.positional:
             many = p.type is list
             default = ... if p.required and not p.deprecated_flags else None
-            argument = typer.Argument(default, help=p.cli_help, show_default=False, metavar=p.metavar)
+            argument = typer.Argument(default, help=p.cli_help, show_default=False, metavar=p.cli_name)
             args.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                           annotation=Optional[List[str]] if many else Optional[str],
                                           default=argument))

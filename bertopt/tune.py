@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
-from bertopt.params import BATCH_SIZE, THREADS, Param
+from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
 
 SAY = Callable[[str], None]
 
@@ -737,51 +737,40 @@ def print_result(result: TuneResult, console) -> None:
                   f"{result.report_dir / 'tune.html'}; {record['wall_time_s']:.0f} s", highlight=False)
 
 
+TUNE_IO_PARAMS = [
+    Param("source", str, None, "Model: Hugging Face folder, .onnx, builtin:minilm ...", positional=True,
+          required=True),
+    Param("out", str, None, "Folder for the chosen artifact (must not exist unless --force).", required=True,
+          aliases=("-o",)),
+    Param("report_dir", str, None, "Folder for tune.json / tune.md / tune.html and each candidate's gate reports "
+          "(default: OUT-report).", aliases=("-r",)),
+    Param("force", bool, False, "Replace an existing output artifact.", negatable=False),
+]
+
+
+def _tune_command(config) -> None:
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from bertopt.terminal import console
+
+    given = {p.name: config[p.name] for p in TUNE_PARAMS if p.name in config.given}
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        job = bar.add_task("tune", total=1)
+
+        def say(line: str) -> None:
+            bar.console.print(escape(line), highlight=False, soft_wrap=True)
+
+        def progress(text: str, done: float, total: float) -> None:
+            bar.update(job, description=escape(text), completed=done, total=total)
+
+        report_dir = Path(config["report_dir"]) if config["report_dir"] else None
+        result = run_tune(config["source"], Path(config["out"]), given, report_dir=report_dir,
+                          overwrite=config["force"], say=say, progress=progress)
+    print_result(result, console)
+
+
 def register(app) -> None:
-    import inspect
-    from typing import Optional
-
-    import typer
-
-    from bertopt.params import typer_parameters
-
-    def command(**kwargs: Any) -> None:
-        from rich.markup import escape
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        from bertopt.terminal import console
-
-        given = {k: v for k, v in kwargs.items() if k not in ("source", "out", "report_dir", "force")
-                 and v is not None}
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            job = bar.add_task("tune", total=1)
-
-            def say(line: str) -> None:
-                bar.console.print(escape(line), highlight=False, soft_wrap=True)
-
-            def progress(text: str, done: float, total: float) -> None:
-                bar.update(job, description=escape(text), completed=done, total=total)
-
-            result = run_tune(kwargs["source"], kwargs["out"], given, report_dir=kwargs["report_dir"],
-                              overwrite=kwargs["force"], say=say, progress=progress)
-        print_result(result, console)
-
-    params = [
-        inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
-                          default=typer.Argument(..., help="Model: Hugging Face folder, .onnx, builtin:minilm ...",
-                                                 show_default=False)),
-        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path,
-                          default=typer.Option(..., "--out", "-o", help="Folder for the chosen artifact (must not "
-                                               "exist unless --force).")),
-        inspect.Parameter("report_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                          default=typer.Option(None, "--report-dir", "-r", help="Folder for tune.json / tune.md / "
-                                               "tune.html and each candidate's gate reports (default: OUT-report).",
-                                               show_default=False)),
-        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--force", help="Replace an existing output artifact.")),
-    ]
-    command.__signature__ = inspect.Signature(params + typer_parameters(TUNE_PARAMS))
-    command.__name__ = "tune"
-    command.__doc__ = _HELP
-    app.command("tune", help=_HELP)(command)
+    app.command("tune", help=_HELP)(typer_command("tune", [*TUNE_IO_PARAMS, *TUNE_PARAMS], _tune_command,
+                                                  help=_HELP))

@@ -18,6 +18,9 @@ from bertopt.registry import get_stage, stage_names
 from bertopt.serve.params import CLIENT_ENCODE_PARAMS, CLIENT_PREDICT_PARAMS, CLIENT_STATUS_PARAMS, SERVE_PARAMS
 from bertopt.serve.server import ServeConfig
 from bertopt.spark.params import SPARK_PREDICT_PARAMS
+from bertopt.tune import TUNE_IO_PARAMS, TUNE_PARAMS
+from bertopt.validate.cli import ARTIFACT as VALIDATE_ARTIFACT
+from bertopt.validate.cli import REPORT_DIR as VALIDATE_REPORT_DIR
 from bertopt.validate.params import VALIDATE_PARAMS
 
 KAFKA_ARGS = ["--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b"]
@@ -76,6 +79,8 @@ DECLARED = {
     ("kafka",): KAFKA_PARAMS,
     ("spark-predict",): SPARK_PREDICT_PARAMS,
     ("bench",): BENCH_PARAMS,
+    ("validate",): [VALIDATE_ARTIFACT, VALIDATE_REPORT_DIR, *VALIDATE_PARAMS],
+    ("tune",): [*TUNE_IO_PARAMS, *TUNE_PARAMS],
 }
 
 

@@ -121,8 +121,8 @@ class LocalBackend:
             raise
         except Exception as exc:  # a model the runtime cannot open: one line, and a non-zero exit
             raise BackendFailed(f"cannot load the model of {artifact}: {_first_line(exc)}") from None
-        self.digest = self.predictor.artifact.digest
-        self.model_info = self.predictor.artifact.model_info
+        self.digest = self.predictor.model.digest
+        self.model_info = self.predictor.model.model_info
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.predictor.encode(list(texts))

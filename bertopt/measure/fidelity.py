@@ -141,7 +141,7 @@ def task_fidelity(task: str, predictor, texts: Sequence[str], pairs: Sequence[st
                   ) -> dict[str, float]:
     """The task's metrics for its output (``got`` the artifact's raw values, ``want`` the reference's)."""
     if task == "classification":
-        return classification_metrics(got, want, predictor.artifact.model_info)
+        return classification_metrics(got, want, predictor.model.model_info)
     if task == "token-classification":
         return token_metrics(predictor, texts, got, want, pairs)
     if task == "rerank":

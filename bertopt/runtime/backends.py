@@ -26,6 +26,8 @@ class Session(Protocol):
     threads: int
     input_names: list[str]
     output_names: list[str]
+    # whether one session may run calls from several threads at once (a worker's bulk and priority lanes)
+    concurrent_runs: bool
 
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
@@ -86,6 +88,7 @@ class OrtSession:
     default all) and ``allow_spinning`` (default off): the benchmarks' session-option study uses them."""
 
     backend = "onnxruntime"
+    concurrent_runs = True
 
     def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None,
                  device_id: int | None = None):

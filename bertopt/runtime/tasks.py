@@ -283,7 +283,7 @@ def token_entities(predictor, texts: Sequence[str], token_logits: Sequence[np.nd
         if len(enc.ids) != len(logits):
             raise UserError(f"got {len(logits)} token results for a text of {len(enc.ids)} tokens; "
                             "the tokenizer does not match the model's outputs")
-        names = label_names(predictor.artifact.model_info, logits.shape[-1])
+        names = label_names(predictor.model.model_info, logits.shape[-1])
         probs = softmax(logits)  # the pipeline always uses softmax per token
         pre = spans.pre_entities(text, enc, probs)
         entities = aggregate_entities(spans, pre, names, aggregation)
@@ -313,7 +313,7 @@ def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None =
     if isinstance(pairs, str):
         pairs = [pairs]
     texts = list(texts)
-    model = predictor.artifact
+    model = predictor.model
     task = task_of(model)
     check_predict_args(model, task, pairs, aggregation)
     name = task_output(model, task)
@@ -333,7 +333,7 @@ def check_predict_args(model, task: str, pairs, aggregation: str) -> None:
 def results_from_outputs(predictor, task: str, texts: Sequence[str], values, *, pairs=None,
                          aggregation: str = "simple", ignore_labels: Sequence[str] | None = None) -> list[Any]:
     """Task results from the task output's raw values (``Predictor.run(...)[task_output]``)."""
-    info = predictor.artifact.model_info
+    info = predictor.model.model_info
     if task == "classification":
         return classify(values, info)
     if task == "token-classification":
@@ -349,7 +349,7 @@ def results_from_outputs(predictor, task: str, texts: Sequence[str], values, *, 
 def rerank(predictor, query: str, passages: Sequence[str], top_k: int | None = None) -> list[dict[str, Any]]:
     """Passages sorted by relevance to ``query``: ``[{"index", "score", "text"}, ...]`` best first
     (``index`` is the passage's position in ``passages``); ties keep the input order."""
-    model = predictor.artifact
+    model = predictor.model
     task = task_of(model)
     if task != "rerank":
         raise UserError(f"rerank() needs a rerank (cross-encoder) model; this artifact is a {task} model")

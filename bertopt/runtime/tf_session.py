@@ -77,6 +77,7 @@ class TFSession:
     TF artifacts and for TF reference models alike."""
 
     backend = "tensorflow"
+    concurrent_runs = True
 
     def __init__(self, call: Callable[[dict], dict], input_specs: list[dict], output_names: list[str],
                  threads: int | None = None, provider: str = "cpu"):

@@ -17,6 +17,7 @@ class TorchSession:
     the same tokenisation, batching and comparison code as artifacts. ``bf16`` uses CPU autocast (AMX)."""
 
     backend = "pytorch"
+    concurrent_runs = True
 
     def __init__(self, module, input_names: list[str], output_names: list[str], threads: int | None = None,
                  bf16: bool = False):

@@ -40,7 +40,7 @@ def check_encode_request(predictor) -> None:
     """A plain (embedding) request on a task model: say what to use instead."""
     from bertopt.runtime.tasks import task_of
 
-    task = task_of(predictor.artifact)
+    task = task_of(predictor.model)
     if task != "embedding":
         raise TaskRequestError(f"this server serves a {task} model, which has no sentence embeddings; ask for its "
                                "results with bertopt's Client.predict (or 'bertopt client predict'); "

@@ -250,7 +250,7 @@ def run_worker(cfg: dict) -> int:
     # the priority lane must not wait behind a bulk mini-job: where the backend runs one inference at a time
     # (OpenVINO's single stream), it gets a session of its own (the model's weights twice in memory)
     priority_predictor = predictor
-    if not getattr(predictor.session, "concurrent_runs", True):
+    if not predictor.session.concurrent_runs:
         priority_predictor = _load_predictor(cfg, ctrl)
         if priority_predictor is None:
             ctrl.close()

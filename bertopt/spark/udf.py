@@ -196,9 +196,9 @@ def get_predictor(ref: ArtifactRef, opts: UdfOptions):
         t0 = time.perf_counter()
         predictor = Predictor(path, provider=placement.provider, device_id=placement.device_id,
                               threads=placement.threads, max_seq_len=opts.max_seq_len, batch_size=opts.batch_size)
-        if predictor.artifact.digest != ref.digest:
+        if predictor.model.digest != ref.digest:
             raise ArtifactError(f"artifact at {path} on executor {socket.gethostname()} has digest "
-                                f"{predictor.artifact.digest[:12]}, the driver's has {ref.digest[:12]}; "
+                                f"{predictor.model.digest[:12]}, the driver's has {ref.digest[:12]}; "
                                 "the executors see a different model, ship the same artifact to them")
         _PREDICTORS[key] = predictor
         while len(_PREDICTORS) > CACHE_SIZE:

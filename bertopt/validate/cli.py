@@ -3,11 +3,12 @@ a recipe's ``validate:`` section takes). Exit 0 when every check passes, 1 when 
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import Any, Optional
 
 import typer
+
+from bertopt.params import Param, typer_command
+from bertopt.validate.params import VALIDATE_PARAMS
 
 _HELP_TEXT = """Gate an artifact for release: accuracy and latency against its reference, thresholds, CI reports.
 
@@ -26,32 +27,22 @@ with plots. Exit code: 0 all checks pass, 1 a check failed, 2 usage error."""
 HELP = "\n\n".join(" ".join(par.split("\n")) for par in _HELP_TEXT.split("\n\n"))
 
 
-def _validate_command():
-    from bertopt.params import typer_parameters
-    from bertopt.validate.params import VALIDATE_PARAMS
+ARTIFACT = Param("artifact", str, None, "Artifact folder to gate.", positional=True, required=True)
+REPORT_DIR = Param("report_dir", str, None, "Folder for the reports (default: ARTIFACT-validation next to the "
+                   "artifact); a previous report there is replaced.", aliases=("-r",))
 
-    def command(**kwargs: Any) -> None:
-        from bertopt.terminal import console
-        from bertopt.validate.gate import validate_artifact
 
-        given = {k: v for k, v in kwargs.items() if k not in ("artifact", "report_dir") and v is not None}
-        artifact = Path(kwargs["artifact"])
-        report_dir = kwargs["report_dir"] or artifact.absolute().parent / f"{artifact.absolute().name}-validation"
-        validate_artifact(str(artifact), given, report_dir, raise_on_fail=True, console=console)
+def _validate(config) -> None:
+    from bertopt.terminal import console
+    from bertopt.validate.gate import validate_artifact
 
-    params = [
-        inspect.Parameter("artifact", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
-                          default=typer.Argument(..., help="Artifact folder to gate.", show_default=False)),
-        inspect.Parameter("report_dir", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                          default=typer.Option(None, "--report-dir", "-r", help="Folder for the reports "
-                                               "(default: ARTIFACT-validation next to the artifact); a previous "
-                                               "report there is replaced.", show_default=False)),
-    ]
-    command.__signature__ = inspect.Signature(params + typer_parameters(VALIDATE_PARAMS))
-    command.__name__ = "validate"
-    command.__doc__ = HELP
-    return command
+    given = {p.name: config[p.name] for p in VALIDATE_PARAMS if p.name in config.given}
+    artifact = Path(config["artifact"])
+    default_dir = artifact.absolute().parent / f"{artifact.absolute().name}-validation"
+    report_dir = Path(config["report_dir"]) if config["report_dir"] else default_dir
+    validate_artifact(str(artifact), given, report_dir, raise_on_fail=True, console=console)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate", help=HELP)(_validate_command())
+    app.command("validate", help=HELP)(typer_command("validate", [ARTIFACT, REPORT_DIR, *VALIDATE_PARAMS], _validate,
+                                                     help=HELP))
