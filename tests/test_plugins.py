@@ -116,9 +116,9 @@ def test_the_package_registries_are_filled_and_checked(tiny_onnx):
     from bertopt.validate.reference import _REFERENCES
 
     with pytest.raises(UserError) as info:
-        open_session(tiny_onnx, backend="tvm", provider="cpu")
+        open_session(tiny_onnx.model_handle(), backend="tvm", provider="cpu")
     assert str(info.value) == "unknown runtime 'tvm'; known runtimes: onnxruntime, openvino, pytorch, tensorflow"
-    session = open_session(tiny_onnx, backend="onnxruntime", provider="cpu", threads=1)
+    session = open_session(tiny_onnx.model_handle(), backend="onnxruntime", provider="cpu", threads=1)
     assert session.backend == "onnxruntime" and session.input_names
     assert format_handler("freeze", "keras") is not None and format_handler("quantize", "onnx") is None
     assert {"keras", "tf-checkpoint", "tf-savedmodel"} <= set(_REFERENCES.names())

@@ -463,7 +463,7 @@ class TokenView:
         from bertopt.runtime.predictor import load_tokenizer
 
         self.tokenizer = load_tokenizer(Path(facts["tokenizer"]), int(facts["max_seq_len"]))
-        self.artifact = SimpleNamespace(model_info=facts["model_info"])
+        self.model = SimpleNamespace(model_info=facts["model_info"])
 
     def tokenize(self, texts, pairs=None):
         return self.tokenizer.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
