@@ -85,6 +85,9 @@ def open_session(artifact, backend: str | None = None, provider: str = "auto",
         name = "tensorflow"
     if name not in _BACKENDS:
         raise UserError(f"unknown runtime '{name}'; available: {', '.join(sorted(_BACKENDS))}")
+    if getattr(artifact, "model_format", "onnx") == "openvino-ir" and name != "openvino":
+        raise UserError(f"this artifact is an OpenVINO IR (static int8), which only OpenVINO runs; use --runtime "
+                        f"openvino (not {name}), or quantise with --runtime onnxruntime for an ONNX model")
     if provider not in PROVIDERS:
         raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
     # device_id (which GPU) is only passed when given, so backends without GPUs need not accept it

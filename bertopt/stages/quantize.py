@@ -12,6 +12,7 @@ from typing import Any
 
 from bertopt.errors import UserError
 from bertopt.params import THREADS, Param
+from bertopt.stages.quantize_nncf import NNCF_PARAMS
 from bertopt.validate.targets import targets_problem
 
 NAME = "quantize"
@@ -64,10 +65,12 @@ PARAMS = [
     Param("weight_rounding", str, "nearest", "int8-dynamic: how weights are rounded to int8: 'nearest', or "
           "'gptq' (each rounding error compensated on the weights not yet rounded, weighted by the calibration "
           "text's activations; same int8 format and speed, less output error).", choices=WEIGHT_ROUNDINGS),
-    Param("runtime", str, "onnxruntime", "int8-dynamic: the runtime the int8 model is made for. onnxruntime: "
-          "int8 operators, one activation scale per batch matrix. openvino: int8 weights (per channel) that "
-          "OpenVINO runs with activations quantised per token in groups of --activation-group-size channels "
-          "(far more faithful at the same speed); takes the exported or pruned ONNX, before 'optimize'.",
+    Param("runtime", str, "onnxruntime", "int8: the runtime the int8 model is made for. onnxruntime: "
+          "int8 operators, one activation scale per batch matrix (static: QDQ). openvino: int8-dynamic stores int8 "
+          "weights (per channel) that OpenVINO runs with activations quantised per token in groups of "
+          "--activation-group-size channels; int8-static calibrates fixed activation scales with NNCF (SmoothQuant, "
+          "FFN outputs in float, measured on held-back text) and writes an OpenVINO IR. Takes the exported or "
+          "pruned ONNX, before 'optimize'.",
           choices=INT8_RUNTIMES),
     Param("activation_group_size", int, 32, "int8 with --runtime openvino: channels per activation scale (each "
           "token's activations are quantised to int8 in groups this wide inside the MatMul); 0 keeps activations "
@@ -77,6 +80,7 @@ PARAMS = [
     Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
           "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Erf"],
           "fp16: operator types kept in fp32."),
+    *NNCF_PARAMS,
 ]
 
 
@@ -99,6 +103,10 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         if config["mode"] != "fp16":
             raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
         return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
+    if config["runtime"] == "openvino" and config["mode"] == "int8-static":
+        from bertopt.stages.quantize_nncf import quantize_static_openvino
+
+        return quantize_static_openvino(art, config, out_dir, overwrite)
     if config["runtime"] == "openvino":
         from bertopt.stages.quantize_openvino import quantize_int8_openvino
 

@@ -46,8 +46,8 @@ def check_config(art, model, config: dict[str, Any]) -> None:
     """Refuse, with the fix, what this path cannot do."""
     if config["mode"] != "int8-dynamic":
         raise UserError("--runtime openvino quantises with --mode int8-dynamic (int8 weights, activations quantised "
-                        "at run time); for static int8 quantise with --runtime onnxruntime and run "
-                        "'bertopt compile --runtime openvino' on the result")
+                        "at run time) or --mode int8-static (NNCF); for fp16 use --runtime onnxruntime, or "
+                        "'bertopt compile --runtime openvino --inference-precision bf16'")
     used = [flag for key, flag in _ORT_ONLY.items() if config.get(key)]
     if used:
         raise UserError(f"{', '.join(used)} rewrite the graph for ONNX Runtime's one-scale-per-matrix activations; "
