@@ -247,8 +247,11 @@ def _fmt(m: dict[str, float]) -> str:
 
 def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int, base: dict[str, float]):
     """The bounded ranked search: rank every int8 MatMul once by how much the held-back cosine recovers with its
-    activations in float alone, then put them back to float in that order (at most ``bound``) until the target
-    holds. Returns (model, restored names, ranking, steps); the model is None when the target never held."""
+    activations in float alone, then find the shortest prefix of that ranking (at most ``bound``) whose MatMuls
+    in float make the target hold. Returns (model, restored names, ranking, steps measured); the model is None
+    when the target never held."""
+    if bound < 1:
+        return None, [], [], []
     int8, _ = int8_matmuls(quantized)
     # ranked on the texts the quantised model gets most wrong
     worst = sorted(base["per_text"], key=base["per_text"].get)[:RANK_TEXTS]
@@ -258,15 +261,34 @@ def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int,
         got = meter.measure(to_float_activations(quantized, {name}), rows=worst)["cos_min_alone"]
         ranking.append({"node": name, "cos_min_gain": round(got - quick_base, 7)})
     ranking.sort(key=lambda r: -r["cos_min_gain"])
-    steps, restored = [], []
-    for entry in ranking[:bound]:
-        restored.append(entry["node"])
-        model = to_float_activations(quantized, set(restored))
+    order = [r["node"] for r in ranking[:bound]]
+    if not order:
+        return None, [], ranking, []
+    steps: list[dict[str, Any]] = []
+    tried: dict[int, Any] = {}
+
+    def attempt(k: int) -> bool:
+        model = to_float_activations(quantized, set(order[:k]))
         m = meter.measure(model)
-        steps.append({"float": len(restored), "node": entry["node"], **_rounded(m)})
-        if _holds(m, target):
-            return model, restored, ranking, steps
-    return None, restored, ranking, steps
+        steps.append({"float": k, "node": order[k - 1], **_rounded(m)})
+        tried[k] = model if _holds(m, target) else None
+        return tried[k] is not None
+
+    # the shortest prefix of the ranking that holds: doubling, then bisection (a handful of measurements
+    # instead of one per MatMul)
+    low, k = 0, 1
+    while k < len(order) and not attempt(k):
+        low, k = k, min(2 * k, len(order))
+    if k >= len(order) and not attempt(len(order)):
+        return None, order, ranking, steps
+    high = k
+    while high - low > 1:
+        mid = (low + high) // 2
+        if attempt(mid):
+            high = mid
+        else:
+            low = mid
+    return tried[high], order[:high], ranking, steps
 
 
 def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
@@ -328,7 +350,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
             last = steps[-1] if steps else measured
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
-                f"text ({_fmt(measured)} with the FFN outputs in float; {_fmt(last)} with {len(restored)} more "
+                f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more "
                 f"MatMuls in float, the bound); raise --max-float-extra, relax --accuracy-target, or use --mode "
                 "int8-dynamic --runtime openvino")
         measured = meter.measure(model)

@@ -106,8 +106,11 @@ def test_ranked_search_puts_matmuls_back_to_float_until_the_target_holds(tiny_on
     assert report["ignored_scope"] == []
     assert search["restored"] and len(search["restored"]) <= 16
     assert search["restored"] == [r["node"] for r in search["ranking"][: len(search["restored"])]]
-    assert [s["float"] for s in search["steps"]] == list(range(1, len(search["restored"]) + 1))
-    assert search["steps"][-1]["cos_min"] >= 0.999 and report["held_back"]["cos_min"] >= 0.999
+    # the shortest prefix: it holds, one fewer did not (unless it is the first)
+    by_count = {s["float"]: s for s in search["steps"]}
+    n = len(search["restored"])
+    assert by_count[n]["cos_min"] >= 0.999 and report["held_back"]["cos_min"] >= 0.999
+    assert n == 1 or by_count[n - 1]["cos_min"] < 0.999
     assert set(search["restored"]) <= set(report["kept_float_nodes"])
 
 
@@ -153,6 +156,8 @@ def test_cli_static_int8_and_what_other_stages_say_of_the_ir(tiny_onnx, tiny_opt
     assert code == 0, err
     assert "openvino-ir" in out and "int8-static+bf16" in out
     assert Artifact.load(tmp_path / "s8").manifest["lineage"]["report"]["calibration"]["texts"] == 32
+    code, out, _ = cli("inspect", tmp_path / "s8")
+    assert code == 0 and "openvino-ir / openvino" in out and "FakeQuantize" in out
     # fused graphs cannot be read by OpenVINO: refused in one line, nothing written
     code, out, err = cli("quantize", tiny_optimized.path, "--mode", "int8-static", "--runtime", "openvino",
                          "--out", tmp_path / "x")
