@@ -248,8 +248,8 @@ def _fmt(m: dict[str, float]) -> str:
 def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int, base: dict[str, float]):
     """The bounded ranked search: rank every int8 MatMul once by how much the held-back cosine recovers with its
     activations in float alone, then find the shortest prefix of that ranking (at most ``bound``) whose MatMuls
-    in float make the target hold. Returns (model, restored names, ranking, steps measured); the model is None
-    when the target never held."""
+    in float make the target hold. Returns ((model, its measurement) or None when the target never held, restored
+    names, ranking, steps measured)."""
     if bound < 1:
         return None, [], [], []
     int8, _ = int8_matmuls(quantized)
@@ -271,7 +271,7 @@ def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int,
         model = to_float_activations(quantized, set(order[:k]))
         m = meter.measure(model)
         steps.append({"float": k, "node": order[k - 1], **_rounded(m)})
-        tried[k] = model if _holds(m, target) else None
+        tried[k] = (model, m) if _holds(m, target) else None
         return tried[k] is not None
 
     # the shortest prefix of the ranking that holds: doubling, then bisection (a handful of measurements
@@ -344,16 +344,16 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     model = quantized
     if not _holds(measured, target):
         bound = int(config.get("max_float_extra", 24))
-        model, restored, ranking, steps = rank_and_restore(quantized, meter, target, bound, measured)
+        found, restored, ranking, steps = rank_and_restore(quantized, meter, target, bound, measured)
         search = {"ranking": ranking, "steps": steps, "restored": restored}
-        if model is None:
+        if found is None:
             last = steps[-1] if steps else measured
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
                 f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more "
                 f"MatMuls in float, the bound); raise --max-float-extra, relax --accuracy-target, or use --mode "
                 "int8-dynamic --runtime openvino")
-        measured = meter.measure(model)
+        model, measured = found
     build_s = time.perf_counter() - t0
     int8_ops, float_ops = int8_matmuls(model)
     if not int8_ops:
