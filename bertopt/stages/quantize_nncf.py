@@ -42,6 +42,7 @@ BATCH_DEV_MAX = 1e-3  # 1 - cosine of a held-back text alone vs inside a batch (
 HELD_BACK_EVERY = 4  # every 4th calibration text is held back to measure the result
 HELD_BATCH = 16  # held-back texts per padded batch in the batched measurement
 RANK_TEXTS = 24  # held-back texts the ranking measures each candidate on
+FEW_VALUES = 8  # a pooled output with fewer values (a score, a few logits) is compared over the whole held set
 PRESETS = ("mixed", "performance")
 # SmoothQuant strength on MatMuls: NNCF's transformer default (0.95) moves so much range into the weights that
 # per-channel int8 weights alone cost cosine 0.995 on MiniLM; 0.5 balances them (0.9986 with weights only int8)
@@ -204,6 +205,7 @@ class HeldBackMeter:
             rows = list(range(s, min(s + HELD_BATCH, len(encodings))))
             self.batches.append((rows, parent.feeds_for([encodings[r] for r in rows])[0]))
         self.reference = [parent.run_batch(f, [self.output])[self.output][0] for f in self.alone]
+        self.few_values = not self.token_level and int(np.size(self.reference[0])) < FEW_VALUES
         threads = config.get("threads") or default_threads()
         self.config = compile_config(runtime_options(config), threads)
 
@@ -215,21 +217,36 @@ class HeldBackMeter:
         alone (``per_text``); ``rows``: only these texts alone (the ranking's quick measure)."""
         compiled = self.core.compile_model(ov_model, "CPU", self.config)
         port = compiled.output(self.output)
-        picked = range(len(self.alone)) if rows is None else rows
+        picked = list(range(len(self.alone))) if rows is None else list(rows)
         alone = {r: np.asarray(compiled(self.alone[r])[port], np.float32)[0] for r in picked}
-        per_text = {r: _min_row_cos(alone[r], self.reference[r]) for r in picked}
-        cos_alone = min(per_text.values())
+        if self.few_values:
+            # a score or a few logits: one text's cosine is little more than its sign, so the cosine is taken over
+            # the held-back set's whole output matrix; per_text (which texts are worst) is the largest difference
+            per_text = {r: -float(np.abs(alone[r] - self.reference[r]).max()) for r in picked}
+            cos_alone = _whole_cos([alone[r] for r in picked], [self.reference[r] for r in picked])
+        else:
+            per_text = {r: _min_row_cos(alone[r], self.reference[r]) for r in picked}
+            cos_alone = min(per_text.values())
         if rows is not None:
             return {"cos_min_alone": cos_alone}
         cos_batched, dev = 1.0, 0.0
+        got: dict[int, np.ndarray] = {}
         for batch, feeds in self.batches:
             out = np.asarray(compiled(feeds)[port], np.float32)
             for j, r in enumerate(batch):
-                row = self._row(out, j, r)
-                cos_batched = min(cos_batched, _min_row_cos(row, self.reference[r]))
-                dev = max(dev, 1.0 - _min_row_cos(row, alone[r]))
+                got[r] = row = self._row(out, j, r)
+                if not self.few_values:
+                    cos_batched = min(cos_batched, _min_row_cos(row, self.reference[r]))
+                    dev = max(dev, 1.0 - _min_row_cos(row, alone[r]))
+        if self.few_values:
+            cos_batched = _whole_cos([got[r] for r in picked], [self.reference[r] for r in picked])
+            dev = 1.0 - _whole_cos([got[r] for r in picked], [alone[r] for r in picked])
         return {"cos_min_alone": cos_alone, "cos_min_batched": cos_batched, "batch_dev": dev,
                 "cos_min": min(cos_alone, cos_batched), "per_text": per_text}
+
+
+def _whole_cos(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return _min_row_cos(np.concatenate([np.ravel(x) for x in a])[None], np.concatenate([np.ravel(x) for x in b])[None])
 
 
 def _holds(m: dict[str, float], target: float) -> bool:

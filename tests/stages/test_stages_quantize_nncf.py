@@ -82,8 +82,10 @@ def test_every_head_keeps_its_outputs(task_artifact, task, tmp_path):
     b = want.run(TASK_TEXTS, pairs=pairs)[primary]
     assert len(a) == len(b) == len(TASK_TEXTS)
     assert [np.shape(x) for x in a] == [np.shape(y) for y in b]  # token outputs: one row per token of each text
-    cos = [float(np.dot(np.ravel(x), np.ravel(y)) / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b)]
-    assert min(cos) >= 0.9, (task, cos)
+    # over every text's output at once: a rerank score is one value, whose cosine alone is only its sign
+    x, y = np.concatenate([np.ravel(v) for v in a]), np.concatenate([np.ravel(v) for v in b])
+    cos = float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+    assert cos >= 0.95, (task, cos)
     report = art.manifest["lineage"]["report"]
     assert report["quantized_nodes"] > 0 and report["held_back"]["cos_min"] >= 0.95
 
