@@ -56,6 +56,7 @@ _TRACKED_PACKAGES = {
     "onnxconverter_common": "onnxconverter-common",
     "onnxscript": "onnxscript",
     "openvino": "openvino",
+    "nncf": "nncf",
     "numpy": "numpy",
 }
 
