@@ -41,7 +41,8 @@ from bertopt.untrusted import json_depth
 FORMAT_VERSION = 1
 MANIFEST_NAME = "bertopt.json"
 TOKENIZER_DIR = "tokenizer"
-MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef")
+# openvino-ir: an OpenVINO IR (model.xml + its model.bin, both hashed), written by the NNCF static int8 quantiser
+MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef", "openvino-ir")
 _STAGING = "staging"  # the digest of ArtifactWriter.staged(): files written by this stage, not yet hashed
 # a manifest is a few kilobytes (tens with validation results and a long history); far larger or deeper is not one
 MAX_MANIFEST_BYTES = 16 << 20
@@ -58,6 +59,7 @@ _TRACKED_PACKAGES = {
     "onnxconverter_common": "onnxconverter-common",
     "onnxscript": "onnxscript",
     "openvino": "openvino",
+    "nncf": "nncf",
     "numpy": "numpy",
 }
 
@@ -327,6 +329,11 @@ class Artifact:
         folders = [TOKENIZER_DIR] + ([self.manifest["model_file"]] if self.model_format == "tf-savedmodel" else [])
         for folder in folders:
             self._check_nothing_unlisted(folder)
+        if self.model_format == "openvino-ir":
+            weights = PurePosixPath(self.manifest["model_file"]).with_suffix(".bin").as_posix()
+            if weights not in files:  # OpenVINO reads model.bin beside model.xml: it must have been hashed
+                raise ArtifactError(f"artifact {self.path}: the OpenVINO IR's weights {weights} are not listed in the "
+                                    "manifest, so they were never hashed; re-create the artifact")
         if self.model_format == "onnx" and names_external_data:
             model_file = PurePosixPath(self.manifest["model_file"])
             try:

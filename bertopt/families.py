@@ -36,6 +36,9 @@ class Family:
     fusion_notes: str = ""
     # bertopt's own attention fusion run after ONNX Runtime's (a module in bertopt.onnx_graph.fusions), or None
     attention_fusion: str | None = None
+    # node names (as torch.onnx export writes them; a regex searched in each MatMul's name) of the FFN output
+    # projections, whose GELU-fed inputs a fixed int8 scale handles worst: static int8 keeps them in float
+    ffn_output_matmul: str = r"layer\.\d+/output/dense/MatMul$"
     # the class names of its heads (transformers), by task
     notes: str = ""
     aliases: tuple[str, ...] = field(default=())
@@ -63,6 +66,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("bert", ("bert",), (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)),
     Family("distilbert", ("distilbert",), (INPUT_IDS, ATTENTION_MASK),
+           ffn_output_matmul=r"layer\.\d+/ffn/lin2/MatMul$",
            notes="no segment embeddings; attention fuses with the BERT patterns"),
     Family("roberta", ("roberta", "xlm-roberta", "camembert"), (INPUT_IDS, ATTENTION_MASK),
            position_offset="padding_idx", tokenizer_kind="bpe",
@@ -85,7 +89,7 @@ FAMILIES: tuple[Family, ...] = (
            notes="DeBERTa v3 is model type deberta-v2; relative positions (no absolute position table)"),
     Family("modernbert", ("modernbert",), (INPUT_IDS, ATTENTION_MASK),
            tokenizer_kind="bpe", tokenizer_sources=(),
-           attention_fusion="modernbert",
+           attention_fusion="modernbert", ffn_output_matmul=r"layers\.\d+/mlp/Wo/MatMul$",
            fusion_notes="rotary attention and GeGLU: ONNX Runtime fuses LayerNorm only; bertopt fuses the "
                         "attention into RotaryEmbedding + MultiHeadAttention (bertopt.onnx_graph.fusions.modernbert)",
            notes="rotary positions, alternating local/global attention"),

@@ -244,9 +244,9 @@ CASES = {
         "(ONNX Runtime static int8); drop --per-token", [c.tmp / "o"]),
     "quantize --runtime openvino --smooth-alpha 0.5": lambda c: (
         ["quantize", c.tiny, "--runtime", "openvino", "--smooth-alpha", "0.5", "--out", c.tmp / "o"],
-        "--smooth-alpha 0.5 applies to --mode int8-dynamic or --mode int8-static only (ONNX Runtime dynamic int8, "
-        "ONNX Runtime static int8), not to --mode int8-dynamic --runtime openvino (OpenVINO int8); drop "
-        "--smooth-alpha", [c.tmp / "o"]),
+        "--smooth-alpha 0.5 applies to --mode int8-dynamic or --mode int8-static or --mode int8-static --runtime "
+        "openvino only (ONNX Runtime dynamic int8, ONNX Runtime static int8, OpenVINO static int8 (NNCF)), not to "
+        "--mode int8-dynamic --runtime openvino (OpenVINO int8); drop --smooth-alpha", [c.tmp / "o"]),
     "quantize --mode fp16 --activation-group-size 8": lambda c: (
         ["quantize", c.tiny, "--mode", "fp16", "--activation-group-size", "8", "--out", c.tmp / "o"],
         "--activation-group-size 8 applies to --mode int8-dynamic --runtime openvino only (OpenVINO int8), not to "
@@ -257,7 +257,8 @@ CASES = {
         "Runtime dynamic int8); drop --keep-fp32-ops", [c.tmp / "o"]),
     "quantize --mode fp16 --runtime openvino": lambda c: (
         ["quantize", c.tiny, "--mode", "fp16", "--runtime", "openvino", "--out", c.tmp / "o"],
-        "--runtime openvino quantises with --mode int8-dynamic, not --mode fp16; use --runtime onnxruntime for "
+        "--runtime openvino quantises with --mode int8-dynamic or --mode int8-static, not --mode fp16; use --runtime "
+        "onnxruntime for "
         "--mode fp16", [c.tmp / "o"]),
     "run: a quantize step with another method's option": lambda c: (
         ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: fp16, "

@@ -45,6 +45,7 @@ def test_a_handle_is_frozen_and_a_variant_is_a_new_handle(tiny_onnx, texts):
 
 def test_artifact_with_external_data_carries_every_file(tiny_onnx, tmp_path, texts):
     import onnx
+
     from bertopt.onnx_graph.util import save_onnx
 
     with ArtifactWriter(tmp_path / "ext", stage="test", parent=tiny_onnx) as w:

@@ -46,7 +46,7 @@ def test_the_machine_decides_the_candidates():
     assert not left
     static = next(c for c in built if c.name == "openvino-int8-static")
     assert static.steps == [("quantize", {"mode": "int8-static", "runtime": "openvino",
-                                          "accuracy_target": "cos_min=0.997"})]
+                                          "accuracy_target": "cos_min=0.997", "calibration_size": 192})]
     # AMX without AVX-512 BF16 flags still has native bf16 and int8
     assert "openvino-bf16" in [c.name for c in plan_candidates({"amx_bf16", "amx_int8"}, [])[0]]
 
@@ -156,3 +156,17 @@ def test_ctrl_c_leaves_no_half_written_artifact(tiny_model, tmp_path):
     assert proc.returncode == 130, "".join(seen) + rest
     assert not out.exists()
     assert _leftovers(tmp_path) == []
+
+
+def test_static_int8_candidate_is_built_and_gated(tiny_model, tmp_path):
+    # NNCF static int8 builds on this machine's CPU (the candidate is planned only with VNNI / AMX): built from the
+    # shared export + prune and held to the same gate as the others, never refused for being static int8
+    lines: list[str] = []
+    result = run_tune(str(tiny_model), tmp_path / "tuned", {"candidates": ["openvino-int8-static"], "max_texts": 16,
+                                                            "rounds": 1}, say=lines.append,
+                      features={"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    static = next(c for c in result.record["candidates"] if c["name"] == "openvino-int8-static")
+    assert static["status"] == "passed", static
+    assert static["cos_min_alone"] >= 0.995 and static["cos_min_batched"] >= 0.995 and static["batch_dev"] <= 1e-3
+    art = Artifact.load(tmp_path / "tuned")
+    assert art.model_format == "openvino-ir" and art.precision == "int8-static+bf16"

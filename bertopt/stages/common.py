@@ -63,4 +63,7 @@ def require_onnx_artifact(input, stage: str) -> Artifact:
     if not isinstance(input, Artifact):
         raise UserError(f"{stage} takes a bertopt artifact; turn {input.path} into one first with "
                         f"'bertopt export {input.spec} --out DIR'")
+    if input.model_format == "openvino-ir" and stage != "compile":
+        raise UserError(f"{stage} cannot take {input.path}: it is an OpenVINO IR (static int8, the last stage of a "
+                        f"chain); run {stage} on the ONNX artifact it was quantised from, then quantise again")
     return input

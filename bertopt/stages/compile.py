@@ -47,6 +47,10 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.stages.common import require_onnx_artifact
 
     art = require_onnx_artifact(input, NAME)
+    if art.model_format == "openvino-ir":
+        raise UserError(f"{art.path} is already an OpenVINO IR with its runtime recorded (static int8); it needs no "
+                        "compile: serve, validate or bench it as it is, or compile the ONNX artifact it was "
+                        "quantised from for another precision")
     if art.model_format != "onnx":
         raise UserError(f"compile works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
     options: dict[str, Any] = {}

@@ -135,7 +135,6 @@ def test_accuracy_aware_search_keeps_sensitive_weights_fp32(tiny_onnx, tmp_path)
 @pytest.mark.parametrize("config, message", [
     ({"per_token": True}, "--per-token applies to --mode int8-dynamic only .ONNX Runtime dynamic int8., not to "
                           "--mode int8-dynamic --runtime openvino .OpenVINO int8.; drop --per-token"),
-    ({"mode": "int8-static"}, "--runtime openvino quantises with --mode int8-dynamic"),
     ({"mode": "fp16"}, "--runtime openvino quantises with --mode int8-dynamic"),
     ({"per_channel": False}, "--no-per-channel applies to --mode int8-dynamic or --mode int8-static only"),
 ])

@@ -2,10 +2,11 @@
 
 One method per precision and runtime, each declared by its module with the options only it reads
 (:mod:`~bertopt.stages.quantize.methods`): ONNX Runtime dynamic and static int8 (``onnxruntime_int8.py``),
-OpenVINO int8 (``openvino_int8.py``) and fp16 (``fp16.py``). This module declares the options they all share and
-picks the method from ``--mode`` and ``--runtime``; an option of another method is refused when the config is
-resolved. Each method calls the accuracy search of :mod:`~bertopt.stages.quantize.accuracy_aware` when an
-``accuracy_target`` is given. A new method is one module with ``METHODS`` and one line in ``METHOD_MODULES``.
+OpenVINO int8 (``openvino_int8.py``), OpenVINO static int8 through NNCF (``nncf_int8.py``) and fp16
+(``fp16.py``). This module declares the options they all share and picks the method from ``--mode`` and
+``--runtime``; an option of another method is refused when the config is resolved. Each method calls the
+accuracy search of :mod:`~bertopt.stages.quantize.accuracy_aware` when an ``accuracy_target`` is given. A new
+method is one module with ``METHODS`` and one line in ``METHOD_MODULES``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from bertopt.errors import UserError
 from bertopt.measure.targets import targets_problem
 from bertopt.params import THREADS, Param
-from bertopt.stages.quantize import fp16, onnxruntime_int8, openvino_int8
+from bertopt.stages.quantize import fp16, nncf_int8, onnxruntime_int8, openvino_int8
 from bertopt.stages.quantize.methods import compose
 
 NAME = "quantize"
@@ -26,6 +27,7 @@ METHOD_MODULES = (
     fp16,
     onnxruntime_int8,  # ONNX Runtime dynamic int8, ONNX Runtime static int8
     openvino_int8,  # OpenVINO int8 (int8 weights, activations quantised per token at run time)
+    nncf_int8,  # OpenVINO static int8 through NNCF (fixed activation scales, SmoothQuant, measured on held-back text)
 )
 
 # what every method reads
@@ -48,8 +50,10 @@ PARAMS = compose(
     "Precision to produce.", "int8-dynamic",
     "The runtime the quantised model is made for. onnxruntime: ONNX Runtime's int8 operators (one activation "
     "scale per batch matrix) or fp16. openvino: int8 weights (per channel) that OpenVINO runs with activations "
-    "quantised per token in groups of --activation-group-size channels (far more faithful at the same speed); "
-    "takes the exported or pruned ONNX, before 'optimize'.", "onnxruntime",
+    "quantised per token in groups of --activation-group-size channels (far more faithful at the same speed); with "
+    "--mode int8-static, fixed activation scales calibrated by NNCF (SmoothQuant, FFN outputs in float, measured "
+    "on held-back text), written as an OpenVINO IR. Takes the exported or pruned ONNX, before 'optimize'.",
+    "onnxruntime",
     SHARED, METHOD_MODULES)
 
 

@@ -1,0 +1,400 @@
+"""Static int8 for the OpenVINO runtime through NNCF (OpenVINO's maintained post-training quantiser).
+
+``quantize --mode int8-static --runtime openvino`` reads the exported or pruned ONNX as an OpenVINO model and
+calls ``nncf.quantize(model_type=TRANSFORMER)`` with its SmoothQuant, calibrated on text (the built-in
+calibration text or ``--calibration-data``, one sentence per sample, no padding). The FFN output projections
+(named by the model family's declaration, :attr:`bertopt.families.Family.ffn_output_matmul`) are left out of
+quantisation from the start: their GELU-fed inputs are the ones a fixed int8 scale handles worst. The result is
+written as an OpenVINO IR (``model.xml`` + ``model.bin``, both hashed; ``model_format: openvino-ir``), whose
+FakeQuantize pairs OpenVINO's CPU plugin runs as int8 MatMuls (VNNI / AMX); a text's activation scales never
+depend on its batch-mates.
+
+Then it is measured, never assumed: a quarter of the calibration text is held back (never calibrated on) and run
+through the quantised model alone and in mixed-length padded batches, against the fp32 parent alone. It ships
+only when the cosine target (``--accuracy-target``, default ``cos_min=0.997``: a margin over the release gate's
+0.995 on text it never saw) holds both ways and the batch deviation is at most 1e-3. Otherwise a bounded ranked
+search keeps more MatMuls' activations in float: every quantised MatMul is ranked once (its activation
+quantisation removed alone, the held-back cosine measured), then the worst are put back to float in rank order,
+at most ``--max-float-extra``, until the target holds; if it never does, the stage refuses with one line. A
+MatMul put back this way keeps its int8 weights (per channel) and its SmoothQuant scaling on both sides, so it is
+the same function in float activations (NNCF's own accuracy control restores the original weight while the
+smoothing of its input stays, which is why it is not used: docs/quantization.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertopt.errors import UserError
+from bertopt.params import Param
+from bertopt.stages.quantize.methods import Method
+from bertopt.stages.quantize.openvino_int8 import INFERENCE_PRECISION
+from bertopt.stages.quantize.smoothing import SMOOTH_ALPHA as SMOOTH_ALPHA_PARAM
+
+MODEL_FILE = "model.xml"
+MODEL_FORMAT = "openvino-ir"
+DEFAULT_TARGET = "cos_min=0.997"
+BATCH_DEV_MAX = 1e-3  # 1 - cosine of a held-back text alone vs inside a batch (the release gate's bound)
+HELD_BACK_EVERY = 4  # every 4th calibration text is held back to measure the result
+HELD_BATCH = 16  # held-back texts per padded batch in the batched measurement
+RANK_TEXTS = 24  # held-back texts the ranking measures each candidate on
+FEW_VALUES = 8  # a pooled output with fewer values (a score, a few logits) is compared over the whole held set
+PRESETS = ("mixed", "performance")
+# SmoothQuant strength on MatMuls: NNCF's transformer default (0.95) moves so much range into the weights that
+# per-channel int8 weights alone cost cosine 0.995 on MiniLM; 0.5 balances them (0.9986 with weights only int8)
+SMOOTH_ALPHA = 0.5
+_DEFAULT_OP_TYPES = ["MatMul", "Attention", "Gemm"]
+
+# this method's own parameter group
+NNCF_PARAMS = (
+    Param("nncf_preset", str, "mixed", "int8-static --runtime openvino: NNCF's preset: mixed (symmetric weights, "
+          "asymmetric activations: more faithful after GELU / softmax) or performance (symmetric both).",
+          choices=PRESETS),
+    Param("keep_ffn_output", bool, True, "int8-static --runtime openvino: keep the FFN output projections in "
+          "float from the start (their GELU-fed inputs are the ones a fixed int8 scale handles worst)."),
+    Param("max_float_extra", int, 24, "int8-static --runtime openvino: at most this many more MatMuls the ranked "
+          "search may put back to float activations when the measured cosine misses the target (0: none; the "
+          "stage then refuses rather than ship an unfaithful model).", min=0),
+)
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Refuse, with the fix, a shared option this method cannot honour (options of the other methods are refused
+    by the stage's declaration)."""
+    if list(config.get("op_types") or _DEFAULT_OP_TYPES) != _DEFAULT_OP_TYPES:
+        raise UserError("--op-types does not apply to --mode int8-static --runtime openvino (NNCF quantises the "
+                        "MatMuls its transformer patterns allow); keep MatMuls in float with --exclude-nodes")
+
+
+def runtime_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``runtime_options``: int8 MatMuls from the IR's FakeQuantize pairs, the float rest in
+    ``--inference-precision``."""
+    return {"inference_precision": config["inference_precision"], "performance_hint": "LATENCY"}
+
+
+def split_texts(config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(calibration texts, held-back texts): every ``HELD_BACK_EVERY``-th text is held back, the first
+    ``calibration_size`` of the others calibrate."""
+    from bertopt.data import calibration_texts
+
+    if config.get("calibration_data"):
+        from bertopt.measure.data import load_texts
+
+        texts = load_texts(config["calibration_data"]).texts
+    else:
+        texts = calibration_texts()
+    texts = [t for t in texts if t.strip()]
+    held = texts[HELD_BACK_EVERY - 1::HELD_BACK_EVERY]
+    calib = [t for i, t in enumerate(texts) if i % HELD_BACK_EVERY != HELD_BACK_EVERY - 1]
+    calib = calib[: config.get("calibration_size") or len(calib)]
+    if not calib or not held:
+        raise UserError(f"static int8 needs at least {HELD_BACK_EVERY} calibration texts (one of every "
+                        f"{HELD_BACK_EVERY} is held back to measure the result), got {len(texts)}; give "
+                        "--calibration-data FILE with one sentence a line")
+    return calib, held
+
+
+def cosine_target(config: dict[str, Any], art) -> float:
+    """The cosine minimum the result must hold on the held-back text (``--accuracy-target``'s ``cos_min``)."""
+    from bertopt.measure.targets import parse_targets
+
+    targets = parse_targets(config.get("accuracy_target") or DEFAULT_TARGET)
+    driven = [t for t in targets if t.metric == "cos_min" and t.op in (">=", ">")]
+    other = [t for t in targets if t not in driven]
+    if other or not driven:
+        raise UserError(f"--accuracy-target for --mode int8-static --runtime openvino takes cos_min=VALUE only (the "
+                        f"cosine of {art.primary_output} it measures alone and batched on held-back text); got "
+                        f"'{config.get('accuracy_target')}'")
+    return float(driven[0].value)
+
+
+def ffn_output_names(art, names: list[str]) -> list[str]:
+    """The FFN output projections among ``names`` (MatMul node names), as the artifact's family declares them."""
+    from bertopt.families import family_by_name
+
+    pattern = re.compile(family_by_name(art.model_info.get("family")).ffn_output_matmul)
+    return [n for n in names if pattern.search(n)]
+
+
+# data-movement ops between an activation quantiser and the MatMul it feeds (attention's Q / K / V heads)
+_PASS_THROUGH = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Convert")
+
+
+def _activation_fqs(op) -> list[tuple[Any, int]]:
+    """(node, input port) pairs where an activation FakeQuantize (one whose data is not a constant weight) feeds
+    the MatMul ``op``, directly or through reshapes / transposes (the attention MatMuls' Q, K and V)."""
+    found = []
+    for i in range(op.get_input_size()):
+        node, port = op, i
+        src = op.input_value(i).get_node()
+        while src.get_type_name() in _PASS_THROUGH:
+            node, port = src, 0
+            src = src.input_value(0).get_node()
+        if src.get_type_name() == "FakeQuantize" and src.input_value(0).get_node().get_type_name() != "Constant":
+            found.append((node, port))
+    return found
+
+
+def int8_matmuls(ov_model) -> tuple[list[str], list[str]]:
+    """(MatMuls that run int8, MatMuls left in float) of a quantised model: int8 when an activation input comes
+    from a FakeQuantize."""
+    int8, kept = [], []
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() == "MatMul":
+            (int8 if _activation_fqs(op) else kept).append(op.get_friendly_name())
+    return int8, kept
+
+
+def to_float_activations(ov_model, names: set[str]):
+    """A copy of ``ov_model`` whose MatMuls ``names`` read their activations unquantised (the FakeQuantize is
+    bypassed for that MatMul only: a quantiser shared with Q / K / V stays for the others)."""
+    model = ov_model.clone()
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "MatMul" and op.get_friendly_name() in names:
+            for node, port in _activation_fqs(op):
+                node.input(port).replace_source_output(node.input_value(port).get_node().input_value(0))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def _min_row_cos(a: np.ndarray, b: np.ndarray) -> float:
+    """Smallest cosine between matching rows (a pooled output is one row; a token-level one, a row per token)."""
+    a = np.asarray(a, np.float64).reshape(-1, np.shape(a)[-1] if np.ndim(a) else 1)
+    b = np.asarray(b, np.float64).reshape(a.shape)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = np.where((na > 0) & (nb > 0), (a * b).sum(1) / np.maximum(na * nb, 1e-300),
+                   np.all(a == b, axis=1).astype(np.float64))
+    return float(cos.min())
+
+
+class HeldBackMeter:
+    """Runs a candidate OpenVINO model on the held-back texts, alone and in padded batches of mixed lengths, and
+    compares its primary output with the fp32 parent's (each text alone)."""
+
+    def __init__(self, art, texts: list[str], config: dict[str, Any], core):
+        from bertopt.runtime import Predictor
+        from bertopt.runtime.backends import default_threads
+        from bertopt.runtime.openvino_backend import compile_config
+
+        self.core = core
+        parent = Predictor(art, provider="cpu", threads=config.get("threads"), verify=False)
+        self.output = parent.primary_output
+        self.token_level = parent.is_token_level(self.output)
+        encodings = parent.tokenize(texts)
+        self.alone = [parent.feeds_for([e])[0] for e in encodings]
+        self.lengths = [len(e.ids) for e in encodings]
+        self.batches = []
+        for s in range(0, len(encodings), HELD_BATCH):
+            rows = list(range(s, min(s + HELD_BATCH, len(encodings))))
+            self.batches.append((rows, parent.feeds_for([encodings[r] for r in rows])[0]))
+        self.reference = [parent.run_batch(f, [self.output])[self.output][0] for f in self.alone]
+        self.few_values = not self.token_level and int(np.size(self.reference[0])) < FEW_VALUES
+        threads = config.get("threads") or default_threads()
+        self.config = compile_config(runtime_options(config), threads)
+
+    def _row(self, out: np.ndarray, j: int, r: int) -> np.ndarray:
+        return out[j, : self.lengths[r]] if self.token_level else out[j]
+
+    def measure(self, ov_model, rows: list[int] | None = None) -> dict[str, Any]:
+        """cos_min alone / batched vs the parent, batch_dev (1 - cos, alone vs batched) and each text's cosine
+        alone (``per_text``); ``rows``: only these texts alone (the ranking's quick measure)."""
+        compiled = self.core.compile_model(ov_model, "CPU", self.config)
+        port = compiled.output(self.output)
+        picked = list(range(len(self.alone))) if rows is None else list(rows)
+        alone = {r: np.asarray(compiled(self.alone[r])[port], np.float32)[0] for r in picked}
+        if self.few_values:
+            # a score or a few logits: one text's cosine is little more than its sign, so the cosine is taken over
+            # the held-back set's whole output matrix; per_text (which texts are worst) is the largest difference
+            per_text = {r: -float(np.abs(alone[r] - self.reference[r]).max()) for r in picked}
+            cos_alone = _whole_cos([alone[r] for r in picked], [self.reference[r] for r in picked])
+        else:
+            per_text = {r: _min_row_cos(alone[r], self.reference[r]) for r in picked}
+            cos_alone = min(per_text.values())
+        if rows is not None:
+            return {"cos_min_alone": cos_alone}
+        cos_batched, dev = 1.0, 0.0
+        got: dict[int, np.ndarray] = {}
+        for batch, feeds in self.batches:
+            out = np.asarray(compiled(feeds)[port], np.float32)
+            for j, r in enumerate(batch):
+                got[r] = row = self._row(out, j, r)
+                if not self.few_values:
+                    cos_batched = min(cos_batched, _min_row_cos(row, self.reference[r]))
+                    dev = max(dev, 1.0 - _min_row_cos(row, alone[r]))
+        if self.few_values:
+            cos_batched = _whole_cos([got[r] for r in picked], [self.reference[r] for r in picked])
+            dev = 1.0 - _whole_cos([got[r] for r in picked], [alone[r] for r in picked])
+        return {"cos_min_alone": cos_alone, "cos_min_batched": cos_batched, "batch_dev": dev,
+                "cos_min": min(cos_alone, cos_batched), "per_text": per_text}
+
+
+def _whole_cos(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return _min_row_cos(np.concatenate([np.ravel(x) for x in a])[None], np.concatenate([np.ravel(x) for x in b])[None])
+
+
+def _holds(m: dict[str, float], target: float) -> bool:
+    return m["cos_min"] >= target and m["batch_dev"] <= BATCH_DEV_MAX
+
+
+def _rounded(m: dict[str, Any]) -> dict[str, float]:
+    return {k: round(v, 7) for k, v in m.items() if k != "per_text"}
+
+
+def _fmt(m: dict[str, float]) -> str:
+    return (f"cos min {m['cos_min_alone']:.5f} alone / {m['cos_min_batched']:.5f} batched, batch dev "
+            f"{m['batch_dev']:.1e}")
+
+
+def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int, base: dict[str, float]):
+    """The bounded ranked search: rank every int8 MatMul once by how much the held-back cosine recovers with its
+    activations in float alone, then find the shortest prefix of that ranking (at most ``bound``) whose MatMuls
+    in float make the target hold. Returns ((model, its measurement) or None when the target never held, restored
+    names, ranking, steps measured)."""
+    if bound < 1:
+        return None, [], [], []
+    int8, _ = int8_matmuls(quantized)
+    # ranked on the texts the quantised model gets most wrong
+    worst = sorted(base["per_text"], key=base["per_text"].get)[:RANK_TEXTS]
+    quick_base = min(base["per_text"][r] for r in worst)
+    ranking = []
+    for name in int8:
+        got = meter.measure(to_float_activations(quantized, {name}), rows=worst)["cos_min_alone"]
+        ranking.append({"node": name, "cos_min_gain": round(got - quick_base, 7)})
+    ranking.sort(key=lambda r: -r["cos_min_gain"])
+    order = [r["node"] for r in ranking[:bound]]
+    if not order:
+        return None, [], ranking, []
+    steps: list[dict[str, Any]] = []
+    tried: dict[int, Any] = {}
+
+    def attempt(k: int) -> bool:
+        model = to_float_activations(quantized, set(order[:k]))
+        m = meter.measure(model)
+        steps.append({"float": k, "node": order[k - 1], **_rounded(m)})
+        tried[k] = (model, m) if _holds(m, target) else None
+        return tried[k] is not None
+
+    # the shortest prefix of the ranking that holds: doubling, then bisection (a handful of measurements
+    # instead of one per MatMul)
+    low, k = 0, 1
+    while k < len(order) and not attempt(k):
+        low, k = k, min(2 * k, len(order))
+    if k >= len(order) and not attempt(len(order)):
+        return None, order, ranking, steps
+    high = k
+    while high - low > 1:
+        mid = (low + high) // 2
+        if attempt(mid):
+            high = mid
+        else:
+            low = mid
+    return tried[high], order[:high], ranking, steps
+
+
+def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
+    from bertopt.artifact import ArtifactWriter
+    from bertopt.data import corpus
+    from bertopt.errors import require
+    from bertopt.onnx_graph.util import load_onnx
+    from bertopt.stages.common import check_against
+    from bertopt.stages.compile import precision_label, refuse_ort_contrib_ops
+
+    ov = require("openvino", "openvino", "static int8 for the OpenVINO runtime")
+    nncf = require("nncf", "openvino", "static int8 for the OpenVINO runtime")
+    check_config(config)
+    refuse_ort_contrib_ops(art, load_onnx(art.model_path),
+                           "quantise the exported or pruned artifact (before 'optimize') with --runtime openvino")
+    target = cosine_target(config, art)
+    calib, held = split_texts(config)
+    t0 = time.perf_counter()
+    core = ov.Core()
+    ov_model = core.read_model(str(art.model_path))
+    matmuls = [op.get_friendly_name() for op in ov_model.get_ordered_ops() if op.get_type_name() == "MatMul"]
+    missing = [n for n in config.get("exclude_nodes") or [] if n not in matmuls]
+    if missing:
+        raise UserError(f"--exclude-nodes names {missing[0]!r}, which is not a MatMul of {art.path}; name MatMul "
+                        "nodes of the ONNX graph (see 'bertopt inspect')")
+    ffn_out = ffn_output_names(art, matmuls) if config.get("keep_ffn_output", True) else []
+    ignored = sorted(set(ffn_out) | set(config.get("exclude_nodes") or []))
+    meter = HeldBackMeter(art, held, config, core)
+    from bertopt.stages.quantize.calibration import sentence_feeds
+
+    encodings = sentence_feeds(art, calib, config.get("threads"))  # one sentence each: no padding in a statistic
+    from nncf.quantization.advanced_parameters import AdvancedSmoothQuantParameters
+
+    alpha = SMOOTH_ALPHA if config.get("smooth_alpha") is None else float(config["smooth_alpha"])
+    # bias correction off: it fits each bias to the int8 activations, so a MatMul the search puts back to float
+    # would keep a bias corrected for an error it no longer has
+    advanced = nncf.AdvancedQuantizationParameters(
+        disable_bias_correction=True, smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha))
+    preset = {"mixed": nncf.QuantizationPreset.MIXED, "performance": nncf.QuantizationPreset.PERFORMANCE}
+    previous = logging.getLogger("nncf").level
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    try:
+        quantized = nncf.quantize(ov_model, nncf.Dataset(encodings), subset_size=len(encodings),
+                                  preset=preset[config.get("nncf_preset", "mixed")],
+                                  model_type=nncf.ModelType.TRANSFORMER,
+                                  ignored_scope=nncf.IgnoredScope(names=ignored, validate=False),
+                                  advanced_parameters=advanced)
+    finally:
+        logging.getLogger("nncf").setLevel(previous)
+    quantize_s = time.perf_counter() - t0
+    measured = meter.measure(quantized)
+    search: dict[str, Any] = {"ranking": [], "steps": [], "restored": []}
+    model = quantized
+    if not _holds(measured, target):
+        bound = int(config.get("max_float_extra", 24))
+        found, restored, ranking, steps = rank_and_restore(quantized, meter, target, bound, measured)
+        search = {"ranking": ranking, "steps": steps, "restored": restored}
+        if found is None:
+            last = steps[-1] if steps else measured
+            raise UserError(
+                f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
+                f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more "
+                f"MatMuls in float, the bound); raise --max-float-extra, relax --accuracy-target, or use --mode "
+                "int8-dynamic --runtime openvino")
+        model, measured = found
+    build_s = time.perf_counter() - t0
+    int8_ops, float_ops = int8_matmuls(model)
+    if not int8_ops:
+        raise UserError(f"static int8 left no MatMul of {art.path} in int8; use --mode int8-dynamic --runtime "
+                        "openvino or compile --inference-precision bf16")
+    with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
+        w.copy_tokenizer(art)
+        w.runtime = "openvino"
+        w.extra["runtime_options"] = runtime_options(config)
+        # keep float weights float (save_model would store them fp16 by default); writes model.xml + model.bin
+        ov.save_model(model, str(w.dir / MODEL_FILE), compress_to_fp16=False)
+        w.set_model(MODEL_FILE, MODEL_FORMAT, art.inputs, art.outputs,
+                    precision=precision_label("int8-static", config["inference_precision"]))
+        stats = check_against(w, art, corpus(), threads=config.get("threads"))
+        w.report.update({
+            "runtime": "openvino", "quantizer": f"nncf {nncf.__version__}",
+            "method": f"nncf.quantize(model_type=TRANSFORMER, preset={config.get('nncf_preset', 'mixed')}, "
+                      "SmoothQuant) on the OpenVINO model",
+            "smooth_quant_alpha": alpha,
+            "after": {"ops": dict(Counter(op.get_type_name() for op in model.get_ops()).most_common())},
+            "quantized_nodes": len(int8_ops), "kept_float_nodes": sorted(float_ops),
+            "ignored_scope": ignored, "restored_to_float": search["restored"],
+            "activations": "int8, static (per-tensor scales calibrated on text)",
+            "calibration": {"texts": len(calib), "held_back": len(held),
+                            "source": config.get("calibration_data") or "builtin calibration text"},
+            "held_back": {"target": f"cos_min>={target:g},batch_dev<={BATCH_DEV_MAX:g}",
+                          "measured_on": f"{len(held)} held-back calibration texts alone and in padded batches of "
+                                         f"{HELD_BATCH}, vs the fp32 parent alone",
+                          **_rounded(measured)},
+            "search": search,
+            "timing_s": {"quantize": round(quantize_s, 1), "total": round(build_s, 1)},
+            "accuracy_vs_parent": stats})
+    return w.artifact
+
+
+METHODS = (Method("OpenVINO static int8 (NNCF)", "int8-static", "openvino",
+                  (*NNCF_PARAMS, SMOOTH_ALPHA_PARAM, INFERENCE_PRECISION), quantize_static_openvino),)
