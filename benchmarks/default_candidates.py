@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     say = progress_printer()
     settings = settings_from(args)
     reference, contenders = recipe_contenders(args, say)
-    machine = machine.machine_info()
-    say(f"load average before: {machine.get('load_average')}")
+    host = machine.machine_info()
+    say(f"load average before: {host.get('load_average')}")
     everyone = [reference, *contenders]
     results = bench.measure(everyone, settings, reference=reference, progress=say)
     bench.add_ratios(results, contenders[0].name, "old-default")
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     say(f"load average after: {machine.machine_info().get('load_average')}")
     path = output_path(args, "default_candidates")
     output_paths.write_json(path, {"benchmark": "default_candidates", "settings": vars(args) | {"out": str(args.out)},
-                            "machine": machine, "results": results})
+                            "machine": host, "results": results})
     console.print(f"wrote {path}")
     return 0
 
