@@ -153,6 +153,32 @@ def recipe_contenders(args, say):
     return reference, contenders
 
 
+def measure_with_batch_dev(args, say, first_key: str):
+    """Build ``args.recipes``, measure them with their PyTorch fp32 reference side by side (ratios to the first
+    recipe under ``first_key`` and to PyTorch fp32 under "pt-fp32"), and each one's batch deviation on the corpus
+    and mixed_text: (results, the machine record taken before)."""
+    from bertopt import bench, machine
+    from bertopt.data import corpus, mixed_text
+    from bertopt.measure.batch import batch_deviation
+
+    settings = settings_from(args)
+    reference, contenders = recipe_contenders(args, say)
+    host = machine.machine_info()
+    say(f"load average before: {host.get('load_average')}")
+    everyone = [reference, *contenders]
+    results = bench.measure(everyone, settings, reference=reference, progress=say)
+    bench.add_ratios(results, contenders[0].name, first_key)
+    bench.add_ratios(results, reference.name, "pt-fp32")
+    texts = {"corpus": corpus(), "mixed": mixed_text()}
+    for res, c in zip(results, everyone):
+        res["batch_dev"] = {}
+        for key, data in texts.items():
+            say(f"batch deviation {c.name} on {key}")
+            res["batch_dev"][key] = batch_deviation(c.predictor, data, outputs=[c.predictor.primary_output],
+                                                    probes=args.probes)["batch_dev"]
+    return results, host
+
+
 def artifact_contender(name: str, art, threads: int | None, batch_size: int, **predictor_options):
     """A bench Contender running ``art`` through bertopt's runtime (the same Predictor validate and serve use)."""
     from bertopt.bench import Contender

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, output_path, progress_printer, recipe_contenders, settings_from  # noqa: E402
+from common import add_common_args, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
 
 CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu", "minilm-faithful-cpu"]
 COS_MIN = 0.995
@@ -43,27 +43,12 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from bertopt import bench, machine, output_paths
-    from bertopt.data import corpus, mixed_text
-    from bertopt.measure.batch import batch_deviation
+    from bertopt import machine, output_paths
 
     console = Console(width=200)
     say = progress_printer()
-    settings = settings_from(args)
-    reference, contenders = recipe_contenders(args, say)
-    host = machine.machine_info()
-    say(f"load average before: {host.get('load_average')}")
-    everyone = [reference, *contenders]
-    results = bench.measure(everyone, settings, reference=reference, progress=say)
-    bench.add_ratios(results, contenders[0].name, "old-default")
-    bench.add_ratios(results, reference.name, "pt-fp32")
-    texts = {"corpus": corpus(), "mixed": mixed_text()}
-    for res, c in zip(results, everyone):
-        res["batch_dev"] = {}
-        for key, data in texts.items():
-            say(f"batch deviation {c.name} on {key}")
-            res["batch_dev"][key] = batch_deviation(c.predictor, data, outputs=[c.predictor.primary_output],
-                                                    probes=args.probes)["batch_dev"]
+    results, host = measure_with_batch_dev(args, say, "old-default")
+    for res in results:
         fid = res["fidelity"]
         res["meets_default_bar"] = bool(
             min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= COS_MIN
@@ -71,7 +56,7 @@ def main(argv=None) -> int:
             and res["vs"]["old-default"]["mixed"] >= 1.0)
 
     table = Table(title=f"default candidates ({args.model}); bar: cos min >= {COS_MIN} on both texts, batch dev <= "
-                  f"{DEV_MAX:g}, mixed-text speed >= the old default ({contenders[0].name})", title_justify="left",
+                  f"{DEV_MAX:g}, mixed-text speed >= the old default ({args.recipes[0]})", title_justify="left",
                   caption="cos: sentence embedding vs PyTorch fp32; batch dev: max 1 - cos, alone vs batches of "
                   "1 (padded) / 7 / 32 with other neighbours; mixed /s: mixed_text, length-bucketed batches of "
                   f"{args.batch_size}, median of {args.rounds} interleaved rounds", caption_justify="left")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, output_path, progress_printer, recipe_contenders, settings_from  # noqa: E402
+from common import add_common_args, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
 
 CANDIDATES = ["minilm-fastest-cpu", "minilm-int8-static", "minilm-int8-accurate"]
 COS_MIN = 0.995
@@ -41,37 +41,22 @@ def main(argv=None) -> int:
     parser.set_defaults(rounds=3, texts=64, latency_calls=10)
     args = parser.parse_args(argv)
 
-    from bertopt.validate.batch import batch_deviation
     from rich.console import Console
     from rich.table import Table
 
-    from bertopt import bench, records
-    from bertopt.data import corpus, mixed_text
+    from bertopt import machine, output_paths
 
     console = Console(width=200)
     say = progress_printer()
-    settings = settings_from(args)
-    reference, contenders = recipe_contenders(args, say)
-    machine = records.machine_info()
-    say(f"load average before: {machine.get('load_average')}")
-    everyone = [reference, *contenders]
-    results = bench.measure(everyone, settings, reference=reference, progress=say)
-    bench.add_ratios(results, contenders[0].name, "bf16")
-    bench.add_ratios(results, reference.name, "pt-fp32")
-    texts = {"corpus": corpus(), "mixed": mixed_text()}
-    for res, c in zip(results, everyone):
-        res["batch_dev"] = {}
-        for key, data in texts.items():
-            say(f"batch deviation {c.name} on {key}")
-            res["batch_dev"][key] = batch_deviation(c.predictor, data, outputs=[c.predictor.primary_output],
-                                                    probes=args.probes)["batch_dev"]
+    results, host = measure_with_batch_dev(args, say, "bf16")
+    for res in results:
         fid = res["fidelity"]
         res["faithful"] = bool(
             min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= COS_MIN
             and max(res["batch_dev"].values()) <= DEV_MAX)
 
     table = Table(title=f"static int8 vs the CPU recipes ({args.model}); faithful: cos min >= {COS_MIN} on both texts, "
-                  f"batch dev <= {DEV_MAX:g}; speed as a ratio to {contenders[0].name}", title_justify="left",
+                  f"batch dev <= {DEV_MAX:g}; speed as a ratio to {args.recipes[0]}", title_justify="left",
                   caption="cos: sentence embedding vs PyTorch fp32; batch dev: max 1 - cos, alone vs batches of "
                   "1 (padded) / 7 / 32 with other neighbours; mixed /s: mixed_text, length-bucketed batches of "
                   f"{args.batch_size}, median of {args.rounds} interleaved rounds", caption_justify="left")
@@ -87,10 +72,10 @@ def main(argv=None) -> int:
                       f"{r['vs']['bf16']['mixed']:.2f}", f"{r['vs']['bf16'].get('padded', float('nan')):.2f}",
                       f"{r['vs']['pt-fp32']['mixed']:.2f}", "yes" if r["faithful"] else "no")
     console.print(table)
-    say(f"load average after: {records.machine_info().get('load_average')}")
+    say(f"load average after: {machine.machine_info().get('load_average')}")
     path = output_path(args, "static_int8")
-    records.write_json(path, {"benchmark": "static_int8", "settings": vars(args) | {"out": str(args.out)},
-                            "machine": machine, "results": results})
+    output_paths.write_json(path, {"benchmark": "static_int8", "settings": vars(args) | {"out": str(args.out)},
+                            "machine": host, "results": results})
     console.print(f"wrote {path}")
     return 0
 

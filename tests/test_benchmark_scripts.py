@@ -177,3 +177,19 @@ def test_profile_openvino_script_smoke(tiny_onnx, tmp_path):
     assert data["macs"]["total"] == pytest.approx(want, rel=0.01)
     assert {o["batch"] for o in data["overhead_short_texts"]} == {4, 1}
     assert "time by node type and exec type" in proc.stdout and "MACs at 4 x 24" in proc.stdout
+
+
+@pytest.mark.slow
+def test_static_int8_script_smoke(tiny_hf, tmp_path):
+    pytest.importorskip("nncf")
+    out = tmp_path / "s.json"
+    proc = _run("static_int8.py", "--model", tiny_hf, "--out", tmp_path / "art", "--recipes",
+                "minilm-faithful-cpu", "minilm-int8-static", *TINY, "--probes", "8", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["results"]}
+    assert list(rows) == ["PyTorch fp32", "minilm-faithful-cpu", "minilm-int8-static"]
+    assert rows["minilm-faithful-cpu"]["vs"]["bf16"]["mixed"] == 1.0  # the first recipe is the yardstick
+    assert rows["minilm-int8-static"]["precision"].startswith("int8-static")
+    assert set(rows["minilm-int8-static"]["batch_dev"]) == {"corpus", "mixed"}
+    assert "faithful" in proc.stdout and data["machine"]["load_average"]
