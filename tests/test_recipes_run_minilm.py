@@ -12,8 +12,9 @@ from bertopt.recipes import DEFAULT_RECIPE
 pytestmark = pytest.mark.slow
 
 
-def test_default_recipe_end_to_end(cli, tmp_path):
-    code, out, err = cli("run", f"recipes/{DEFAULT_RECIPE}.yaml", "--out", tmp_path)
+def test_default_recipe_end_to_end(default_recipe_run):
+    code, out, err, tmp_path = (default_recipe_run.code, default_recipe_run.stdout, default_recipe_run.stderr,
+                                default_recipe_run.out)
     assert code == 0, err + out
     final = tmp_path / DEFAULT_RECIPE
     manifest = json.loads((final / "bertopt.json").read_text())

@@ -37,7 +37,8 @@ def test_bridge_matches_in_process_in_every_batch_composition(kafka, default_art
                                         group=f"served-{max_batch}")
     messages = kafka.responses(resp_topic, until=lambda ms: len(ms) >= len(requests), timeout_s=120)
     assert len(messages) >= len(requests), log_file.read_text()[-3000:]
-    assert "batch-dependent" not in log_file.read_text()  # the default artifact is batch-invariant: no warning
+    # the warning says what validation measured (tune's winner differs by machine: static int8 is batch-dependent)
+    assert ("batch-dependent" in log_file.read_text()) == (default_artifact.batch_dependence_warning() is not None)
     bound = default_artifact.served_deviation_bound()
     worst = 0.0
     for msg in messages:

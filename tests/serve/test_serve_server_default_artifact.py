@@ -17,7 +17,9 @@ def test_server_matches_in_process_in_every_batch_composition(default_artifact, 
     texts = mixed_text()[:64]
     want = Predictor(default_artifact).encode(texts)
     server = start_server(default_artifact.path, num_worker=2)
-    assert "batch-dependent" not in server.log()  # the default artifact is batch-invariant: no warning
+    # the warning at start-up says what validation measured: tune may pick a batch-dependent artifact (static int8
+    # within the gate's 1e-3) on one machine and a batch-invariant one on another
+    assert ("batch-dependent" in server.log()) == (default_artifact.batch_dependence_warning() is not None)
     bound = default_artifact.served_deviation_bound()
     worst = 0.0
     with server.client() as client:

@@ -11,10 +11,12 @@ With ``accuracy_target`` (:func:`search_int8_fallback`) the search of
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from pathlib import Path
 
-from bertopt.errors import UserError
+from bertopt.errors import BackendFailed, UserError
 from bertopt.params import Param
 from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
 from bertopt.stages.quantize.methods import Method
@@ -52,9 +54,10 @@ def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibr
 
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}  # fused graphs lack some type info
     if config["mode"] == "int8-dynamic":
-        quantize_dynamic(str(src), str(dst), per_channel=config["per_channel"], reduce_range=False,
-                         weight_type=QuantType.QInt8, op_types_to_quantize=list(config["op_types"]),
-                         nodes_to_exclude=list(exclude), extra_options=extra)
+        with _write_failures_named(dst):
+            quantize_dynamic(str(src), str(dst), per_channel=config["per_channel"], reduce_range=False,
+                             weight_type=QuantType.QInt8, op_types_to_quantize=list(config["op_types"]),
+                             nodes_to_exclude=list(exclude), extra_options=extra)
         return
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
@@ -63,13 +66,32 @@ def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibr
     cached = calibration_cache is not None and Path(calibration_cache).is_file()
     reader = None if cached else TextCalibrationReader(predictor, calibration_texts)
     static_ops = [t for t in config["op_types"] if t != "Attention"]  # fused Attention has no QDQ kernel
-    quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=config["per_channel"],
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    op_types_to_quantize=static_ops, nodes_to_exclude=list(exclude),
-                    calibrate_method=methods[config["calibration_method"]],
-                    extra_options={**extra, "ActivationSymmetric": False, "WeightSymmetric": True,
-                                   **_CALIB_OPTIONS[config["calibration_method"]]},
-                    calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None)
+    with _write_failures_named(dst):
+        quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
+                        per_channel=config["per_channel"], activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, op_types_to_quantize=static_ops, nodes_to_exclude=list(exclude),
+                        calibrate_method=methods[config["calibration_method"]],
+                        extra_options={**extra, "ActivationSymmetric": False, "WeightSymmetric": True,
+                                       **_CALIB_OPTIONS[config["calibration_method"]]},
+                        calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None)
+
+
+@contextlib.contextmanager
+def _write_failures_named(dst: Path):
+    """ONNX Runtime's quantiser writes models (its own scratch copies in the temporary folder, then ``dst``) and
+    reports a failed write as 'INVALID_PROTOBUF : Protobuf serialization failed' (a full disk, in practice): say
+    that in one line with the free space where it writes, not as a traceback."""
+    try:
+        yield
+    except Exception as exc:  # ORT raises its own pybind exception types
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "serialization failed" not in first:
+            raise
+        free = {str(d): shutil.disk_usage(d).free / 2**30 for d in {Path(tempfile.gettempdir()), Path(dst).parent}
+                if d.exists()}
+        where = ", ".join(f"{gb:.1f} GiB free in {d}" for d, gb in sorted(free.items()))
+        raise BackendFailed(f"ONNX Runtime could not write the quantised model ({first}; {where}); free disk space "
+                            "(or point TMPDIR at a larger disk) and run again") from None
 
 
 class TextCalibrationReader:
