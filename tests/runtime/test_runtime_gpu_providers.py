@@ -350,3 +350,16 @@ def test_tensorrt_session_caches_its_engine_beside_the_artifact(tiny_onnx):
     assert options["trt_engine_cache_path"] == str(cache)
     predictor.encode(["build the engine"])
     assert any(cache.iterdir())
+
+
+def test_validate_takes_the_device_id_and_refuses_a_negative_one(tiny_onnx, cli):
+    code, _, err = cli("validate", tiny_onnx.path, "--device-id", "-1")
+    assert code == 2 and "'device_id' must be at least 0, got -1" in err
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_device_id_reaches_the_cuda_provider(tiny_onnx):
+    predictor = Predictor(tiny_onnx.path, provider="cuda", device_id=0)
+    assert predictor.session._session.get_provider_options()["CUDAExecutionProvider"]["device_id"] == "0"
+    assert predictor.session.device_id == 0
