@@ -247,12 +247,13 @@ CUDA_TF32 = Param("cuda_tf32", bool, False, "CUDA: let fp32 MatMuls run in TF32 
                   "about 3 significant digits; off keeps fp32 results close to the CPU's).")
 TRT_FP16 = Param("trt_fp16", bool, False, "TensorRT: build fp16 engines; the Pow/ReduceMean of LayerNorm stay "
                  "fp32 (trt_layer_norm_fp32_fallback).")
-TRT_ENGINE_CACHE_CHOICES = ("beside", "off")
-TRT_ENGINE_CACHE = Param("trt_engine_cache", str, "beside", "TensorRT: where built engines are kept: beside (the "
-                         "folder ARTIFACT.trt-cache next to the artifact, outside its hashed files), off, or an "
-                         "absolute folder of your own.",
+TRT_ENGINE_CACHE_CHOICES = ("beside", "cache", "off")
+TRT_ENGINE_CACHE = Param("trt_engine_cache", str, "beside", "TensorRT: where built engines are kept, per artifact "
+                         "digest: beside (the folder ARTIFACT.trt-cache next to the artifact, outside its hashed "
+                         "files), cache ($BERTOPT_CACHE_DIR/tensorrt: for an artifact on a read-only mount), off, "
+                         "or an absolute folder of your own.",
                          check=lambda v: None if v in TRT_ENGINE_CACHE_CHOICES or v.startswith("/") else
-                         f"must be beside, off or an absolute folder; got {v!r}")
+                         f"must be beside, cache, off or an absolute folder; got {v!r}")
 TRT_MAX_BATCH = Param("trt_max_batch", int, 64, "TensorRT: the largest batch the engine's shape profile covers "
                       "(sequence: the artifact's max_seq_len).", min=1)
 GPU_PARAMS = (CUDA_TF32, TRT_FP16, TRT_ENGINE_CACHE, TRT_MAX_BATCH)

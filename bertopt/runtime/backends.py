@@ -155,12 +155,17 @@ class GpuOptions:
 
     def engine_cache_dir(self, model: ModelHandle) -> Path | None:
         """Where TensorRT keeps the engines it builds for ``model``: ``<artifact>.trt-cache/<digest>`` beside
-        the artifact folder (never inside: an artifact's files are all hashed, an engine is built per GPU), a
-        folder of the user's own (a digest-named folder in it), or None (``off``, or a model that is no file)."""
+        the artifact folder (never inside: an artifact's files are all hashed, an engine is built per GPU),
+        ``$BERTOPT_CACHE_DIR/tensorrt/<digest>`` (``cache``, where OpenVINO keeps its compiled blobs), a folder of
+        the user's own (a digest-named folder in it), or None (``off``, or a model that is no file)."""
         if self.trt_engine_cache == "off" or model.path is None:
             return None
-        base = (model.path.parent / f"{model.path.name}.trt-cache" if self.trt_engine_cache == "beside"
-                else Path(self.trt_engine_cache))
+        if self.trt_engine_cache == "beside":
+            base = model.path.parent / f"{model.path.name}.trt-cache"
+        elif self.trt_engine_cache == "cache":
+            base = Path(os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")) / "tensorrt"
+        else:
+            base = Path(self.trt_engine_cache)
         return base / model.digest.replace(":", "-")[:32]
 
     def provider_options(self, name: str, model: ModelHandle, cache: Path | None = None) -> dict[str, str]:
@@ -207,7 +212,7 @@ def prepare_engine_cache(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise UserError(f"TensorRT engine cache {folder} cannot be created ({exc.strerror}); record another with "
-                        "bertopt compile --trt-engine-cache /a/writable/folder, or off") from None
+                        "bertopt compile --trt-engine-cache cache (or a writable folder, or off)") from None
     st = folder.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise UserError(f"TensorRT engine cache {folder} is owned by another user or writable by others, and an "

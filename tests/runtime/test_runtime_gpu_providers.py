@@ -219,20 +219,24 @@ def test_cuda_and_tensorrt_options(tiny_onnx):
 
 
 def test_bad_gpu_options_in_a_manifest_are_one_line():
-    with pytest.raises(UserError, match="'trt_engine_cache' must be beside, off or an absolute folder; got 'cache'"):
-        GpuOptions.from_runtime_options({"trt_engine_cache": "cache"})
+    with pytest.raises(UserError, match="'trt_engine_cache' must be beside, cache, off or an absolute folder; "
+                                        "got 'engines'"):
+        GpuOptions.from_runtime_options({"trt_engine_cache": "engines"})
     with pytest.raises(UserError, match="'trt_max_batch' must be at least 1"):
         GpuOptions.from_runtime_options({"trt_max_batch": 0})
 
 
 # -- the TensorRT engine cache: beside the artifact, never inside it, private -----------------------------------
-def test_the_engine_cache_lives_beside_the_artifact_keyed_by_digest(tiny_onnx, tmp_path):
+def test_the_engine_cache_lives_beside_the_artifact_keyed_by_digest(tiny_onnx, tmp_path, monkeypatch):
     handle = tiny_onnx.model_handle()
     art = Path(tiny_onnx.path)
     beside = GpuOptions().engine_cache_dir(handle)
     assert beside.parent == art.parent / f"{art.name}.trt-cache"
     assert beside.name == handle.digest.replace(":", "-")[:32]
     assert art not in beside.parents  # the artifact's hashed files stay exactly what was validated
+    monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path / "bertopt-cache"))
+    cached = GpuOptions(trt_engine_cache="cache").engine_cache_dir(handle)
+    assert cached == tmp_path / "bertopt-cache" / "tensorrt" / beside.name
     mine = GpuOptions(trt_engine_cache=str(tmp_path / "engines")).engine_cache_dir(handle)
     assert mine.parent == tmp_path / "engines"
     assert GpuOptions(trt_engine_cache="off").engine_cache_dir(handle) is None
