@@ -367,3 +367,16 @@ def test_the_device_id_reaches_the_cuda_provider(tiny_onnx):
     predictor = Predictor(tiny_onnx.path, provider="cuda", device_id=0)
     assert predictor.session._session.get_provider_options()["CUDAExecutionProvider"]["device_id"] == "0"
     assert predictor.session.device_id == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_compile_for_cuda_records_the_provider_and_serves_on_it(tiny_onnx, cli, tmp_path):
+    from bertopt.artifact import Artifact
+
+    code, _, err = cli("compile", tiny_onnx.path, "--runtime", "onnxruntime", "--provider", "cuda",
+                       "--out", tmp_path / "cuda")
+    assert code == 0, err
+    compiled = Artifact.load(tmp_path / "cuda")
+    assert compiled.manifest["runtime_options"] == {"provider": "cuda", "cuda_tf32": False}
+    assert Predictor(compiled, provider="auto").session.provider == "CUDAExecutionProvider"
