@@ -255,7 +255,8 @@ TRT_ENGINE_CACHE = Param("trt_engine_cache", str, "beside", "TensorRT: where bui
                          check=lambda v: None if v in TRT_ENGINE_CACHE_CHOICES or v.startswith("/") else
                          f"must be beside, cache, off or an absolute folder; got {v!r}")
 TRT_MAX_BATCH = Param("trt_max_batch", int, 64, "TensorRT: the largest batch the engine's shape profile covers "
-                      "(sequence: the artifact's max_seq_len).", min=1)
+                      "(sequence: the artifact's max_seq_len); keep it at least the batch size it is served with, "
+                      "since TensorRT refuses a batch outside its profile.", min=1)
 GPU_PARAMS = (CUDA_TF32, TRT_FP16, TRT_ENGINE_CACHE, TRT_MAX_BATCH)
 
 RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
