@@ -380,3 +380,11 @@ def test_compile_for_cuda_records_the_provider_and_serves_on_it(tiny_onnx, cli, 
     compiled = Artifact.load(tmp_path / "cuda")
     assert compiled.manifest["runtime_options"] == {"provider": "cuda", "cuda_tf32": False}
     assert Predictor(compiled, provider="auto").session.provider == "CUDAExecutionProvider"
+
+
+def test_commands_that_run_no_model_work_without_onnx_runtime(tiny_onnx, tmp_path):
+    helped = _bertopt_without_onnxruntime("--help", cwd=tmp_path)
+    assert helped.returncode == 0 and "serve" in helped.stdout, helped.stderr
+    inspected = _bertopt_without_onnxruntime("inspect", tiny_onnx.path, cwd=tmp_path)
+    assert inspected.returncode == 0, inspected.stderr
+    assert tiny_onnx.digest[:12] in inspected.stdout
