@@ -72,6 +72,30 @@ def require(module: str, extra: str, what: str = ""):
         raise MissingDependency(module, extra, what) from exc
 
 
+ORT_EXTRAS = ("cpu", "gpu")  # the two builds of ONNX Runtime, one pyproject extra each; bertopt itself needs neither
+
+
+class MissingRuntime(MissingDependency):
+    """Neither ONNX Runtime build is installed: the one line names both extras, since which one fits is the
+    machine's choice (the CPU wheel, or onnxruntime-gpu for an NVIDIA GPU)."""
+
+    def __init__(self, module: str, what: str = ""):
+        purpose = f" (needed for {what})" if what else ""
+        UserError.__init__(self, f"ONNX Runtime is not installed{purpose}; install it with: pip install "
+                                 "'bertopt[cpu]' (or 'bertopt[gpu]' on a machine with an NVIDIA GPU)")
+        self.module = module
+        self.extra = "cpu"
+
+
+def require_onnxruntime(what: str = "", module: str = "onnxruntime"):
+    """Import ONNX Runtime (or one of its modules: ``onnxruntime.quantization``, ``onnxruntime.transformers...``);
+    the one way bertopt imports it, so that a missing runtime is one line naming the extras ``cpu`` and ``gpu``."""
+    try:
+        return require(module, "cpu", what)
+    except MissingDependency as exc:
+        raise MissingRuntime(module, what) from exc.__cause__
+
+
 def check_writable(path, flag: str = "--out") -> None:
     """Refuse, before any work, an output path that cannot be created: a parent that is a file, or a folder
     this process may not write (probed by creating and removing a file, which also catches read-only file

@@ -238,6 +238,27 @@ BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed
                    "first).", min=1)
 MAX_SEQ_LEN = Param("max_seq_len", int, None, "Truncate texts to this many tokens (default: the artifact's).",
                     min=1)
+# ONNX Runtime's GPU execution providers (docs/gpu.md). The artifact's manifest records them (``bertopt compile
+# --runtime onnxruntime --provider cuda|tensorrt``) as ``runtime_options``, so what was validated is what is served;
+# runtime/backends.py turns them into the providers' own options.
+DEVICE_ID = Param("device_id", int, None, "GPU ordinal for --provider cuda/tensorrt (default 0; a serve worker's "
+                  "--device-map entry).", min=0)
+CUDA_TF32 = Param("cuda_tf32", bool, False, "CUDA: let fp32 MatMuls run in TF32 (faster on Ampere and later, "
+                  "about 3 significant digits; off keeps fp32 results close to the CPU's).")
+TRT_FP16 = Param("trt_fp16", bool, False, "TensorRT: build fp16 engines; the Pow/ReduceMean of LayerNorm stay "
+                 "fp32 (trt_layer_norm_fp32_fallback).")
+TRT_ENGINE_CACHE_CHOICES = ("beside", "cache", "off")
+TRT_ENGINE_CACHE = Param("trt_engine_cache", str, "beside", "TensorRT: where built engines are kept, per artifact "
+                         "digest: beside (the folder ARTIFACT.trt-cache next to the artifact, outside its hashed "
+                         "files), cache ($BERTOPT_CACHE_DIR/tensorrt: for an artifact on a read-only mount), off, "
+                         "or an absolute folder of your own.",
+                         check=lambda v: None if v in TRT_ENGINE_CACHE_CHOICES or v.startswith("/") else
+                         f"must be beside, cache, off or an absolute folder; got {v!r}")
+TRT_MAX_BATCH = Param("trt_max_batch", int, 64, "TensorRT: the largest batch the engine's shape profile covers "
+                      "(sequence: the artifact's max_seq_len); keep it at least the batch size it is served with, "
+                      "since TensorRT refuses a batch outside its profile.", min=1)
+GPU_PARAMS = (CUDA_TF32, TRT_FP16, TRT_ENGINE_CACHE, TRT_MAX_BATCH)
+
 RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
                 "(onnxruntime, openvino, tensorflow).")
 

@@ -141,9 +141,11 @@ class Outcome:
 
 def gpu_providers() -> list[str]:
     """The GPU execution providers the installed ONNX Runtime really has (CUDA, TensorRT)."""
+    from bertopt.errors import MissingDependency, require_onnxruntime
+
     try:
-        import onnxruntime as ort
-    except ImportError:
+        ort = require_onnxruntime()
+    except MissingDependency:  # no runtime at all: no GPU provider either
         return []
     return [p for p in ort.get_available_providers() if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
 

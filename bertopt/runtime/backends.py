@@ -9,14 +9,15 @@ that reads the handle's fields and nothing else; the Predictor never branches on
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from bertopt.errors import UserError, require
+from bertopt.errors import UserError, require_onnxruntime
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
-from bertopt.params import PROVIDERS
+from bertopt.params import GPU_PARAMS, PROVIDERS, resolve_config
 from bertopt.plugins import Registry, import_all
 
 
@@ -82,23 +83,202 @@ def default_threads() -> int:
 
 _ORT_OPT_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
+# bertopt's provider names -> ONNX Runtime's; the GPU ones run through onnxruntime-gpu (docs/gpu.md)
+ORT_PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                      "tensorrt": "TensorrtExecutionProvider"}
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def ort_build() -> str:
+    """Which ONNX Runtime distribution is installed, for messages: ``onnxruntime 1.31.1``, ``onnxruntime-gpu
+    1.31.1``, or both (they install one ``onnxruntime`` module, so the last one installed wins: a broken mix)."""
+    from importlib import metadata
+
+    found = []
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return " and ".join(found) or "an ONNX Runtime of unknown origin"
+
+
+def provider_unavailable(provider: str, available: Sequence[str], build: str) -> str:
+    """The one line for a provider this ONNX Runtime does not have: what it has, and the extra to install."""
+    has = ", ".join(p.removesuffix("ExecutionProvider").lower() for p in available)
+    if " and " in build:  # both wheels: the CPU one shadows the GPU one
+        return (f"provider '{provider}' is not available: {build} are both installed and share one module; "
+                "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'bertopt[gpu]'")
+    extra = "tensorrt" if provider == "tensorrt" else "gpu"
+    return (f"provider '{provider}' is not available in {build} (it has: {has}); on a machine with an NVIDIA GPU "
+            f"install the GPU build with: pip install 'bertopt[{extra}]' (in place of 'bertopt[cpu]'), or use "
+            "--provider cpu")
+
+
+def choose_providers(provider: str, available: Sequence[str], recorded: str | None = None,
+                     build: str | None = None) -> list[str]:
+    """ONNX Runtime providers, in order of preference, for ``provider`` (``auto``, ``cpu``, ``cuda``, ``tensorrt``).
+
+    An explicit GPU provider this runtime lacks is one UserError naming what it has and the extra to install.
+    ``auto`` takes the artifact's ``recorded`` provider (compile --provider) when this runtime has it, else CUDA
+    when it has CUDA, else the CPU: an artifact compiled for a GPU still runs, on the CPU, where there is none."""
+    if provider not in PROVIDERS:
+        raise UserError(f"unknown provider '{provider}'; choose one of {', '.join(PROVIDERS)}")
+    if provider == "auto":
+        if recorded and recorded != "cpu" and ORT_PROVIDER_NAMES.get(recorded) in available:
+            provider = recorded
+        else:
+            provider = "cuda" if "CUDAExecutionProvider" in available else "cpu"
+    wanted = ORT_PROVIDER_NAMES[provider]
+    if wanted not in available:
+        raise UserError(provider_unavailable(provider, available, build or ort_build()))
+    chain = [wanted] + [p for p in _GPU_PROVIDERS if p != wanted and p in available and provider == "tensorrt"]
+    return chain + ([] if wanted == "CPUExecutionProvider" else ["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """The GPU settings of one session: the artifact's ``runtime_options`` (GPU_PARAMS of params.py) and the
+    device. ``provider_options`` turns them into each ONNX Runtime provider's own options."""
+
+    device_id: int = 0
+    cuda_tf32: bool = False
+    trt_fp16: bool = False
+    trt_engine_cache: str = "beside"
+    trt_max_batch: int = 64
+
+    @classmethod
+    def from_runtime_options(cls, options: dict[str, Any], device_id: int | None = None) -> "GpuOptions":
+        values = resolve_config(GPU_PARAMS, {k: v for k, v in options.items() if k in _GPU_KEYS},
+                                "the artifact's runtime_options")
+        return cls(device_id=device_id or 0, **values)
+
+    def engine_cache_dir(self, model: ModelHandle) -> Path | None:
+        """Where TensorRT keeps the engines it builds for ``model``: ``<artifact>.trt-cache/<digest>`` beside
+        the artifact folder (never inside: an artifact's files are all hashed, an engine is built per GPU),
+        ``$BERTOPT_CACHE_DIR/tensorrt/<digest>`` (``cache``, where OpenVINO keeps its compiled blobs), a folder of
+        the user's own (a digest-named folder in it), or None (``off``, or a model that is no file)."""
+        if self.trt_engine_cache == "off" or model.path is None:
+            return None
+        if self.trt_engine_cache == "beside":
+            base = model.path.parent / f"{model.path.name}.trt-cache"
+        elif self.trt_engine_cache == "cache":
+            base = Path(os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")) / "tensorrt"
+        else:
+            base = Path(self.trt_engine_cache)
+        return base / model.digest.replace(":", "-")[:32]
+
+    def provider_options(self, name: str, model: ModelHandle, cache: Path | None = None) -> dict[str, str]:
+        """ONNX Runtime's options (all strings) of provider ``name``; ``cache`` is the checked engine folder."""
+        if name == "CUDAExecutionProvider":
+            return {"device_id": str(self.device_id), "use_tf32": "1" if self.cuda_tf32 else "0"}
+        if name != "TensorrtExecutionProvider":
+            return {}
+        out = {"device_id": str(self.device_id), "trt_fp16_enable": "1" if self.trt_fp16 else "0",
+               "trt_layer_norm_fp32_fallback": "1" if self.trt_fp16 else "0",
+               "trt_engine_cache_enable": "1" if cache else "0"}
+        if cache:
+            out.update({"trt_engine_cache_path": str(cache), "trt_timing_cache_enable": "1",
+                        "trt_timing_cache_path": str(cache)})
+        shapes = trt_profile_shapes(model, self.trt_max_batch)
+        if shapes:
+            out.update(shapes)
+        return out
+
+
+_GPU_KEYS = {p.name for p in GPU_PARAMS}
+
+
+def trt_profile_shapes(model: ModelHandle, max_batch: int) -> dict[str, str]:
+    """One TensorRT optimisation profile covering every batch up to ``max_batch`` and every length up to the
+    artifact's sequence length, so that length-bucketed batches never trigger an engine rebuild."""
+    names = [i["name"] for i in model.inputs]
+    if not names:
+        return {}
+    info = model.model_info
+    seq = int(info.get("max_seq_len") or info.get("max_position_embeddings") or 512)
+
+    def shape(b: int, s: int) -> str:
+        return ",".join(f"{n}:{b}x{s}" for n in names)
+
+    return {"trt_profile_min_shapes": shape(1, 1), "trt_profile_opt_shapes": shape(min(32, max_batch), min(128, seq)),
+            "trt_profile_max_shapes": shape(max_batch, seq)}
+
+
+def prepare_engine_cache(folder: Path) -> Path:
+    """The engine folder, created private (0700). An engine is loaded without a hash, so a folder that someone
+    else owns, or that others may write to, is refused: they could put an engine of their own there."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UserError(f"TensorRT engine cache {folder} cannot be created ({exc.strerror}); record another with "
+                        "bertopt compile --trt-engine-cache cache (or a writable folder, or off)") from None
+    st = folder.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UserError(f"TensorRT engine cache {folder} is owned by another user or writable by others, and an "
+                        f"engine runs unverified; chmod go-w {folder} (as its owner) or use another folder")
+    return folder
+
+
+def bind_arguments(ort, feeds: dict[str, np.ndarray], output_names: Sequence[str], device: str,
+                   device_id: int) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
+    """The I/O binding of one call: each input as an OrtValue on ``device`` (copied there once), each output
+    allocated by ONNX Runtime on ``device`` (no host buffer in between)."""
+    inputs = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), device, device_id)
+              for name, value in feeds.items()}
+    return inputs, [(name, device, device_id) for name in output_names]
+
+
+def run_bound(session, ort, output_names: Sequence[str], feeds: dict[str, np.ndarray], device: str,
+              device_id: int) -> list[np.ndarray]:
+    """Run ``session`` through an IOBinding on ``device`` and copy the outputs to host memory."""
+    inputs, outputs = bind_arguments(ort, feeds, output_names, device, device_id)
+    binding = session.io_binding()
+    for name, value in inputs.items():
+        binding.bind_ortvalue_input(name, value)
+    for name, dev, dev_id in outputs:
+        binding.bind_output(name, dev, dev_id)
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()
+
+
+_PRELOADED = False
+
+
+def _load_gpu_libraries(ort, providers: Sequence[str]) -> None:
+    """CUDA and cuDNN from the nvidia-* wheels of the ``gpu`` extra (onnxruntime.preload_dlls), and TensorRT
+    from its wheel when installed, before the first GPU session. Once per process."""
+    global _PRELOADED
+    if _PRELOADED or not any(p in _GPU_PROVIDERS for p in providers):
+        return
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    if "TensorrtExecutionProvider" in providers:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorrt") is not None:  # the wheel loads libnvinfer; else the system's
+            importlib.import_module("tensorrt")
+    _PRELOADED = True
+
 
 class OrtSession:
     """ONNX Runtime. ``runtime_options`` (manifest) may set ``graph_optimization_level`` (basic, extended, all;
-    default all) and ``allow_spinning`` (default off): the benchmarks' session-option study uses them."""
+    default all) and ``allow_spinning`` (default off): the benchmarks' session-option study uses them; and the
+    GPU options of ``GpuOptions`` (``provider`` recorded by compile, ``cuda_tf32``, ``trt_*``: docs/gpu.md).
+    On a GPU provider every call runs through an IOBinding (outputs allocated on the device)."""
 
     backend = "onnxruntime"
     concurrent_runs = True
 
     def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None,
                  device_id: int | None = None):
-        ort = require("onnxruntime", "onnx", "running ONNX artifacts")
+        ort = require_onnxruntime("running ONNX artifacts")
         if model.model_format != "onnx":
             raise UserError(f"ONNX Runtime runs ONNX models, not {model.model_format} ({model.shown_as}); "
                             f"use --runtime {DEFAULT_RUNTIMES[model.model_format]}")
-        available = ort.get_available_providers()
-        wanted = _ort_providers(provider, available)
         runtime_options = model.runtime_options
+        wanted = choose_providers(provider, ort.get_available_providers(), runtime_options.get("provider"))
+        gpu = GpuOptions.from_runtime_options(runtime_options, device_id)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or default_threads()
         options.inter_op_num_threads = 1
@@ -110,9 +290,12 @@ class OrtSession:
         spinning = "1" if runtime_options.get("allow_spinning") else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         options.log_severity_level = 3
+        cache = None
+        if "TensorrtExecutionProvider" in wanted and gpu.engine_cache_dir(model) is not None:
+            cache = prepare_engine_cache(gpu.engine_cache_dir(model))
+        providers = [(p, gpu.provider_options(p, model, cache)) for p in wanted]
+        _load_gpu_libraries(ort, wanted)
         try:
-            gpu_options = {"device_id": str(device_id)} if device_id is not None else {}
-            providers = [(p, gpu_options) if gpu_options and p in _GPU_PROVIDERS else p for p in wanted]
             source = model.model_bytes or str(model.model_path)
             self._session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
@@ -121,37 +304,21 @@ class OrtSession:
         got = self._session.get_providers()
         if provider in ("cuda", "tensorrt") and wanted[0] not in got:
             raise UserError(f"provider '{provider}' was requested but ONNX Runtime fell back to {got[0]} "
-                            "(CUDA libraries missing?); use --provider cpu")
+                            "(no GPU visible, or CUDA libraries missing: see docs/gpu.md); use --provider cpu")
+        self._ort = ort
         self.provider = got[0]
-        self.device_id = device_id if got[0] in _GPU_PROVIDERS else None
+        self.device_id = gpu.device_id if got[0] in _GPU_PROVIDERS else None
+        # I/O binding only where outputs live on a GPU; on the CPU, run() is already zero-copy
+        self.io_binding = got[0] in _GPU_PROVIDERS
         self.threads = options.intra_op_num_threads
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
 
     def run(self, output_names, feeds):
+        if self.io_binding:
+            return run_bound(self._session, self._ort, output_names or self.output_names, feeds, "cuda",
+                             self.device_id or 0)
         return self._session.run(output_names, feeds)
-
-
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-
-
-def _ort_providers(provider: str, available: list[str]) -> list[str]:
-    if provider == "cpu":
-        return ["CPUExecutionProvider"]
-    if provider == "cuda":
-        if "CUDAExecutionProvider" not in available:
-            raise UserError("provider 'cuda' requested but this ONNX Runtime has no CUDA support "
-                            "(install onnxruntime-gpu on a machine with a GPU, or use --provider cpu)")
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    if provider == "tensorrt":
-        if "TensorrtExecutionProvider" not in available:
-            raise UserError("provider 'tensorrt' requested but ONNX Runtime has no TensorRT support; "
-                            "use --provider cuda or cpu")
-        return ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-    # auto: CUDA when this ONNX Runtime has it, else CPU
-    if "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
 
 
 register_backend("onnxruntime")(OrtSession)

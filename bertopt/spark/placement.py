@@ -79,11 +79,11 @@ def visible_gpu_count() -> int:
     if _GPU_COUNT is not None:
         return _GPU_COUNT
     count = 0
-    try:
-        import onnxruntime as ort
+    from bertopt.errors import MissingDependency, require_onnxruntime
 
-        has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-    except ImportError:
+    try:
+        has_cuda = "CUDAExecutionProvider" in require_onnxruntime().get_available_providers()
+    except MissingDependency:  # no runtime at all: no GPU either
         has_cuda = False
     if has_cuda:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -11,7 +11,7 @@ from bertopt.errors import UserError, require
 
 # A bertopt error raised inside a Python worker reaches the driver as a Java/Python exception whose text
 # holds the worker's traceback; its last "bertopt.errors.X: message" line is what the user needs to see.
-_WORKER_ERROR = re.compile(r"bertopt\.errors\.(?:UserError|ArtifactError|MissingDependency): ([^\n]+)")
+_WORKER_ERROR = re.compile(r"bertopt\.errors\.(?:UserError|ArtifactError|MissingDependency|MissingRuntime): ([^\n]+)")
 
 
 def is_local(master: str) -> bool:

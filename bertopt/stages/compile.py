@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import GPU_PARAMS, PROVIDER, Param
 
 NAME = "compile"
 HELP = ("Pick the runtime (openvino or onnxruntime) and its execution precision for an artifact; recorded in "
@@ -32,12 +32,43 @@ PARAMS = [
           choices=("auto", "bf16", "f32")),
     Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread, for synchronous "
           "batches) or THROUGHPUT (several streams).", choices=("LATENCY", "THROUGHPUT")),
+    PROVIDER.with_(default="cpu", choices=("cpu", "cuda", "tensorrt"),
+                   help="ONNX Runtime: the execution provider the artifact is served with, recorded in the manifest "
+                   "(cuda, tensorrt: onnxruntime-gpu and a GPU here, where the check runs; docs/gpu.md)."),
+    *GPU_PARAMS,
     Param("min_cosine", float, 0.999, "Refuse to write the artifact if any sentence embedding's cosine to the "
           "input artifact's falls below this on the built-in corpus.", min=0.0, max=1.0),
 ]
 
 # ONNX Runtime's fused operators (domain com.microsoft) that OpenVINO's ONNX frontend cannot read.
 _ORT_DOMAIN = "com.microsoft"
+
+
+def gpu_runtime_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``runtime_options`` of an ONNX Runtime artifact compiled for a GPU provider: the provider and
+    the options that apply to it (runtime/backends.py GpuOptions reads them)."""
+    provider = config["provider"]
+    if provider == "cpu":
+        return {}
+    keys = ["cuda_tf32"] + (["trt_fp16", "trt_engine_cache", "trt_max_batch"] if provider == "tensorrt" else [])
+    return {"provider": provider, **{k: config[k] for k in keys}}
+
+
+def preflight(config: dict[str, Any], where: str) -> None:
+    """Before any stage of a recipe runs: a GPU provider needs this machine's ONNX Runtime to have it (the check
+    runs the compiled model on it), and only ONNX Runtime has these providers."""
+    if config["provider"] == "cpu":
+        return
+    if config["runtime"] != "onnxruntime":
+        raise UserError(f"{where}: --provider {config['provider']} is an ONNX Runtime provider; "
+                        "use --runtime onnxruntime")
+    from bertopt.errors import require_onnxruntime
+    from bertopt.runtime.backends import choose_providers
+
+    try:
+        choose_providers(config["provider"], require_onnxruntime("compile").get_available_providers())
+    except UserError as exc:
+        raise UserError(f"{where}: compiling for a GPU needs one here: {exc}") from None
 
 
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
@@ -53,7 +84,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
                         "quantised from for another precision")
     if art.model_format != "onnx":
         raise UserError(f"compile works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
-    options: dict[str, Any] = {}
+    preflight(config, f"stage '{NAME}'")
+    options: dict[str, Any] = gpu_runtime_options(config)
     precision = art.precision
     if config["runtime"] == "openvino":
         refuse_ort_contrib_ops(art, load_onnx(art.model_path),
@@ -70,7 +102,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         w.runtime = config["runtime"]
         w.extra["runtime_options"] = options
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
-        stats, session = _check(w.staged(), art, corpus())
+        stats, session = _check(w.staged(), art, corpus(), config["provider"])
         w.report["accuracy_vs_parent"] = stats
         w.report["runtime"] = config["runtime"]
         if hasattr(session, "inference_precision"):
@@ -102,12 +134,18 @@ def precision_label(parent: str, inference_precision: str) -> str:
     return compute
 
 
-def _check(view, parent, texts):
-    """The staged artifact (with its runtime options) against its parent; returns (stats, session)."""
+def _check(view, parent, texts, provider: str = "cpu"):
+    """The staged artifact (with its runtime options, on its provider) against its parent on the CPU; returns
+    (stats, session). A TensorRT check builds its engines without a cache: the staged folder is temporary."""
+    import dataclasses
+
     from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
 
-    new = Predictor(view, provider="cpu", verify=False)
+    if provider != "cpu":
+        handle = view.model_handle()
+        view = dataclasses.replace(handle, runtime_options={**handle.runtime_options, "trt_engine_cache": "off"})
+    new = Predictor(view, provider=provider, verify=False)
     old = Predictor(parent, provider="cpu", verify=False)
     names = [o for o in new.output_names if o in old.output_names]
     return compare_runs(new.run(texts, outputs=names), old.run(texts, outputs=names), parent.output_kinds), new.session

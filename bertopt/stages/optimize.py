@@ -30,15 +30,14 @@ PARAMS = [
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
-    from bertopt.errors import require
+    from bertopt.errors import require_onnxruntime
     from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
         raise UserError(f"optimize works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
-    require("onnxruntime", "onnx", "the optimize stage")
-    from onnxruntime.transformers.optimizer import optimize_model
+    optimize_model = require_onnxruntime("the optimize stage", "onnxruntime.transformers.optimizer").optimize_model
 
     from bertopt.families import family_by_name
 

@@ -343,7 +343,7 @@ def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console, refe
         from bertopt.validate.reference import reference_predictor
 
         art = Predictor(artifact, provider=config["provider"], threads=config["threads"],
-                        batch_size=config["batch_size"], verify=False)
+                        batch_size=config["batch_size"], verify=False, device_id=config.get("device_id"))
         ref = reference if reference is not None else reference_predictor(
             artifact, config["reference"], threads=config["threads"], batch_size=config["batch_size"])
         longest = min(art.max_seq_len, ref.max_seq_len)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bertopt.measure.targets import targets_problem
-from bertopt.params import BATCH_SIZE, PROVIDER, THREADS, Param
+from bertopt.params import BATCH_SIZE, DEVICE_ID, PROVIDER, THREADS, Param
 
 
 def _quantile(value) -> str | None:
@@ -34,6 +34,7 @@ VALIDATE_PARAMS = [
     Param("repeats", int, 10, "Latency: timed runs per grid point.", min=1),
     THREADS,
     PROVIDER,
+    DEVICE_ID,
     Param("atol", float, 1e-3, "Elementwise absolute tolerance for pass_fraction.", min=0),
     Param("rtol", float, 1e-3, "Elementwise relative tolerance for pass_fraction.", min=0),
     Param("max_texts", int, None, "Use at most this many texts of the data.", min=1),

@@ -84,9 +84,10 @@ def unshare_initializers(graph, consumers: set[str]) -> int:
 
 def fp16_convert(model, keep_fp32_ops: list[str], keep_nodes: list[str]):
     """fp16 weights and compute, fp32 inputs/outputs and fp32 islands; returns (model, fp32 node names)."""
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
+    from bertopt.errors import require_onnxruntime
     from bertopt.onnx_graph.util import ensure_node_names
+
+    OnnxModel = require_onnxruntime("fp16 conversion", "onnxruntime.transformers.onnx_model").OnnxModel
 
     ensure_node_names(model.graph)
     mask_nodes = mask_path_nodes(model.graph)
@@ -111,11 +112,11 @@ def _refuse_nan(stats: dict[str, dict]) -> None:
 def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
-    from bertopt.errors import require
+    from bertopt.errors import require_onnxruntime
     from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against
 
-    require("onnxruntime", "onnx", "fp16 conversion")
+    require_onnxruntime("fp16 conversion")
     if config["accuracy_target"]:
         return search_fp16_islands(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)

@@ -50,7 +50,11 @@ def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibr
                         calibration_cache: Path | None = None):
     """Write an int8 model quantised per ``config`` with ``exclude`` node names kept fp32."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bertopt.errors import require_onnxruntime
+
+    quantization = require_onnxruntime("int8 quantisation", "onnxruntime.quantization")
+    QuantType, quantize_dynamic = quantization.QuantType, quantization.quantize_dynamic
 
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}  # fused graphs lack some type info
     if config["mode"] == "int8-dynamic":
@@ -59,8 +63,8 @@ def quantize_model_file(src: Path, dst: Path, config, exclude: list[str], calibr
                              weight_type=QuantType.QInt8, op_types_to_quantize=list(config["op_types"]),
                              nodes_to_exclude=list(exclude), extra_options=extra)
         return
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
-
+    CalibrationMethod, QuantFormat = quantization.CalibrationMethod, quantization.QuantFormat
+    quantize_static = quantization.quantize_static
     methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
     cached = calibration_cache is not None and Path(calibration_cache).is_file()
@@ -131,13 +135,13 @@ def declared_batch_dependence(config) -> dict | None:
 def quantize_int8(art, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
-    from bertopt.errors import require
+    from bertopt.errors import require_onnxruntime
     from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.runtime import Predictor
     from bertopt.stages.common import check_against
     from bertopt.stages.quantize.calibration import calibration_statistics, load_calibration_texts
 
-    require("onnxruntime", "onnx", "int8 quantisation")
+    require_onnxruntime("int8 quantisation")
     if config["accuracy_target"]:
         return search_int8_fallback(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)
