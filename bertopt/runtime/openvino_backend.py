@@ -6,7 +6,8 @@ An artifact is served with OpenVINO when its manifest says ``"runtime": "openvin
 ``runtime_options`` choose the inference precision (``bf16`` runs MatMuls with AVX-512 BF16 / AMX, ``f32``
 keeps full precision; QDQ int8 models run their quantised MatMuls with VNNI/AMX int8) and the performance
 hint. Compiled blobs are cached under ``$BERTOPT_CACHE_DIR/openvino`` (default ``~/.cache/bertopt``) so a
-second load skips compilation.
+second load skips compilation; the cache is bounded (``$BERTOPT_OPENVINO_CACHE_MB``, default 2048; 0 turns it
+off): after each compile the oldest blobs go until the rest fit.
 
 OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
 artifacts are made from the exported or pruned ONNX, before ``optimize``.
@@ -29,9 +30,49 @@ PRECISIONS = ("auto", "bf16", "f32")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
 
 
+CACHE_MB_DEFAULT = 2048  # a few models' blobs (MiniLM ~90 MB, MPNet ~270-440 MB each)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")
     return Path(root) / "openvino"
+
+
+def cache_limit_bytes() -> int:
+    """The blob cache's bound: ``$BERTOPT_OPENVINO_CACHE_MB`` megabytes (0: no cache)."""
+    raw = os.environ.get("BERTOPT_OPENVINO_CACHE_MB", str(CACHE_MB_DEFAULT)).strip()
+    try:
+        megabytes = int(raw)
+    except ValueError:
+        megabytes = -1
+    if megabytes < 0:
+        raise UserError(f"BERTOPT_OPENVINO_CACHE_MB={raw!r} is not a size; set a whole number of megabytes "
+                        f"(0 turns the compiled-model cache off; default {CACHE_MB_DEFAULT})")
+    return megabytes << 20
+
+
+def trim_cache(folder: Path, limit: int) -> list[Path]:
+    """Delete the oldest blobs in ``folder`` until the rest fit in ``limit`` bytes; the newest blob (the model
+    just compiled) always stays. Returns what was deleted. Another process may be writing or reading a blob at the
+    same time: a file that is gone already is skipped, and a blob being read stays readable until closed."""
+    blobs = []
+    for entry in folder.glob("*.blob"):
+        try:
+            stat = entry.stat()
+        except FileNotFoundError:
+            continue
+        blobs.append((stat.st_mtime, stat.st_size, entry))
+    blobs.sort(key=lambda b: b[0], reverse=True)  # newest first
+    total, removed = 0, []
+    for index, (_, size, entry) in enumerate(blobs):
+        total += size
+        if index > 0 and total > limit:
+            try:
+                entry.unlink()
+                removed.append(entry)
+            except FileNotFoundError:
+                total -= size
+    return removed
 
 
 def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -59,7 +100,7 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
     if options.get("profiling"):
         # per-node timings for request.profiling_info (benchmarks/profile_openvino.py); costs a little per node
         config["PERF_COUNT"] = True
-    if options.get("cache", True):
+    if options.get("cache", True) and cache_limit_bytes() > 0:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
         config["CACHE_DIR"] = str(folder)
@@ -95,6 +136,8 @@ class OpenVinoSession:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"OpenVINO cannot load {path}: {first}; OpenVINO reads plain ONNX (compile the "
                             "exported or pruned artifact, not the ONNX Runtime-optimised one)") from None
+        if "CACHE_DIR" in config:
+            trim_cache(Path(config["CACHE_DIR"]), cache_limit_bytes())
         self.provider = "CPU"
         precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
         self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)

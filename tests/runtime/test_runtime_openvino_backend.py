@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -162,3 +163,33 @@ def test_profiling_option_gives_per_node_kernels(ov_f32, texts):
     matmuls = [r for r in executed if r.node_type.startswith(("FullyConnected", "MatMul"))]
     assert matmuls and all("f32" in r.exec_type.lower() for r in matmuls)  # f32 pinned: no bf16/int8 kernel
     assert any(op.get_type_name() for op in profiled.session.runtime_model().get_ordered_ops())
+
+
+def test_the_blob_cache_is_bounded_oldest_first(ov_f32, tmp_path, monkeypatch):
+    # every compile of a new model writes a blob (MPNet's: ~270 MB); unbounded, they once filled a CI disk
+    monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "2")
+    folder = tmp_path / "openvino"
+    folder.mkdir()
+    old = folder / "0000.blob"
+    old.write_bytes(b"\0" * (3 << 20))  # an older model's blob: over the bound on its own
+    os.utime(old, (1_000_000_000, 1_000_000_000))
+    want = Predictor(ov_f32.path).encode(["a sentence"])
+    blobs = list(folder.glob("*.blob"))
+    assert not old.exists() and len(blobs) == 1  # the oldest went, the one just compiled stayed
+    assert sum(b.stat().st_size for b in blobs) <= 2 << 20
+    np.testing.assert_array_equal(Predictor(ov_f32.path).encode(["a sentence"]), want)  # loaded from the blob
+
+
+def test_a_zero_bound_turns_the_blob_cache_off(ov_f32, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "0")
+    Predictor(ov_f32.path).encode(["a sentence"])
+    assert not list(tmp_path.rglob("*.blob"))
+
+
+def test_a_bad_cache_bound_is_one_line_naming_the_variable(ov_f32, monkeypatch):
+    monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "2GB")
+    with pytest.raises(UserError, match=r"BERTOPT_OPENVINO_CACHE_MB='2GB' is not a size; set a whole number of "
+                                        r"megabytes \(0 turns the compiled-model cache off; default 2048\)"):
+        Predictor(ov_f32.path)

@@ -197,7 +197,9 @@ class HeldBackMeter:
         self.reference = [parent.run_batch(f, [self.output])[self.output][0] for f in self.alone]
         self.few_values = not self.token_level and int(np.size(self.reference[0])) < FEW_VALUES
         threads = config.get("threads") or default_threads()
-        self.config = compile_config(runtime_options(config), threads)
+        # no blob cache: every candidate of the search is a model compiled once (cached, MPNet's search alone wrote
+        # tens of GB of blobs nobody loads again)
+        self.config = compile_config({**runtime_options(config), "cache": False}, threads)
 
     def _row(self, out: np.ndarray, j: int, r: int) -> np.ndarray:
         return out[j, : self.lengths[r]] if self.token_level else out[j]
