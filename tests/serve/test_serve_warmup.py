@@ -149,3 +149,22 @@ def test_no_warmup_skips_it_and_serves_the_same_values(tiny_onnx, tiny_predictor
     assert [w["warmup_s"] for w in status["workers"]] == [None]
     assert "warmed up in" not in server.log()
     np.testing.assert_allclose(got, tiny_predictor.encode(TASK_TEXTS), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.timeout(600)
+def test_first_request_benchmark_smoke(tiny_onnx, tmp_path):
+    """The benchmark's wiring on the tiny BERT (its numbers are not checked: speed is noisy)."""
+    import json
+
+    out = tmp_path / "first.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "first_request.py"), "--artifact",
+                           str(tiny_onnx.path), "--starts", "1", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["summary"]) == {"warm-up", "no warm-up"}
+    assert len(data["runs"]["warm-up"][0]["warmup_log"]) == 1  # one worker, one warm-up line
+    assert data["runs"]["no warm-up"][0]["warmup_log"] == []
+    assert "no warm-up" in proc.stdout and "ratio" in proc.stdout
