@@ -524,6 +524,7 @@ class Ventilator:
             **self.counters,
             **s.counters,
             "worker_restarts": self.pool.restarts,
+            "workers_ready": len(self.pool.live()),  # ready = loaded and warmed up (--warmup)
             "workers": [slot.describe() for slot in self.workers],
         }
 

@@ -4,6 +4,8 @@ and the server lives on and answers afterwards."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,12 @@ def test_a_flood_gets_busy_replies_the_clients_raise_and_the_server_lives_on(tin
         assert status["max_queued_requests"] == 1
         assert status["busy_refused"] == len(errors) + len(busy)
         assert status["queued_requests"] == 0
+    # four clients flooding at once: every request still gets its one reply, the server still answers
+    with ThreadPoolExecutor(4) as pool:
+        floods = list(pool.map(lambda _: _flood_with_bert_serving_client(server, 40), range(4)))
+    for arrays, errors in floods:
+        assert len(arrays) + len(errors) == 40
+        assert all("server busy: " in e for e in errors)
     with BertClient(ip="127.0.0.1", port=server.port, port_out=server.port_out, timeout=30000,
                     check_length=False) as bc:
         np.testing.assert_allclose(bc.encode(TEXTS), want, atol=1e-5, rtol=0)

@@ -31,10 +31,10 @@ def test_buckets_are_powers_of_two_up_to_the_served_window():
     assert warmup_rows(32, 512, 100) == 1  # at least one row
 
 
-def _warm_and_check(art) -> None:
+def _warm_and_check(art, runtime: str | None = None) -> None:
     """warm_up runs one batch per bucket, each a real token sequence of that length, and changes no result."""
-    p = Predictor(art, threads=1)
-    fresh = Predictor(art, threads=1).run(TASK_TEXTS, outputs=[p.primary_output])[p.primary_output]
+    p = Predictor(art, threads=1, runtime=runtime)
+    fresh = Predictor(art, threads=1, runtime=runtime).run(TASK_TEXTS, outputs=[p.primary_output])[p.primary_output]
     shapes, ends = [], set()
     run_batch = p.run_batch
 
@@ -71,6 +71,11 @@ def test_warm_up_runs_every_bucket_on_every_family(family, task_artifact):
 @pytest.mark.parametrize("task", ["classification", "token-classification", "rerank", "sparse-embedding"])
 def test_warm_up_runs_every_bucket_on_every_task(task, task_artifact):
     _warm_and_check(task_artifact(task)[1])
+
+
+@pytest.mark.slow
+def test_warm_up_runs_every_bucket_on_openvino(tiny_onnx, private_openvino_cache):
+    _warm_and_check(tiny_onnx, runtime="openvino")
 
 
 def _health(url: str):
@@ -121,7 +126,7 @@ def test_health_turns_ready_only_after_every_worker_warmed_up(tiny_onnx, tmp_pat
 
         with Client("127.0.0.1", port, port_out, timeout=30) as client:
             status = client.status()
-        assert status["warmup"] is True
+        assert status["warmup"] is True and status["workers_ready"] == 2
         assert all(w["warmup_s"] > 0 for w in status["workers"])
     finally:
         children |= descendants(proc.pid)
