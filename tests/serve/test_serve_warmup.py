@@ -173,3 +173,32 @@ def test_first_request_benchmark_smoke(tiny_onnx, tmp_path):
     assert len(data["runs"]["warm-up"][0]["warmup_log"]) == 1  # one worker, one warm-up line
     assert data["runs"]["no warm-up"][0]["warmup_log"] == []
     assert "no warm-up" in proc.stdout and "ratio" in proc.stdout
+
+
+def test_a_failing_warm_up_is_reported_to_the_server_as_one_line(tiny_onnx):
+    """The worker's warm-up step on a real session that fails (an output the model does not have): the server
+    gets FAIL with one line naming the fix, as for an artifact that cannot load."""
+    import zmq
+
+    from bertopt.protocol import FAIL
+    from bertopt.serve.worker import _warm_up
+
+    p = Predictor(tiny_onnx, threads=1)
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    server.bind("inproc://warm-up-test")
+    worker = ctx.socket(zmq.DEALER)
+    worker.connect("inproc://warm-up-test")
+    try:
+        assert _warm_up({"index": 0, "output": "no_such_output", "max_batch_tokens": 1024}, worker, p, p) is False
+        assert server.poll(5000)
+        _, tag, message = server.recv_multipart()
+        text = message.decode()
+        assert tag == FAIL and "\n" not in text
+        assert text.startswith("its warm-up batch failed (")
+        assert text.endswith("); serve with --no-warmup or a smaller --max-seq-len")
+        assert _warm_up({"index": 0, "output": p.primary_output, "warmup": False}, worker, p, p) is None
+    finally:
+        worker.close(0)
+        server.close(0)
+        ctx.term()
