@@ -388,7 +388,7 @@ class Ventilator:
         self.started = time.time()
         self.accepting = True
         self.limits = RequestLimits(cfg["max_client_batch_size"], cfg["max_text_chars"], cfg["max_request_chars"])
-        self.admission = Admission(cfg.get("max_queued_requests", 1024))  # ZeroMQ requests vs the queue's bound
+        self.admission = Admission(cfg["max_queued_requests"])  # ZeroMQ requests against the queue's bound
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}

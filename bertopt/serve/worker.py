@@ -199,7 +199,7 @@ def _warm_up(cfg: dict, ctrl, predictor, priority_predictor) -> dict | None | bo
         return None
     from bertopt.serve.warmup import warm_up
 
-    budget = int(cfg.get("max_batch_tokens") or 16384)
+    budget = int(cfg["max_batch_tokens"])  # a warm-up batch is no larger than a mini-job
     try:
         warm = warm_up(predictor, cfg["output"], budget)
         if priority_predictor is not predictor:  # a second session (OpenVINO): warm it too
