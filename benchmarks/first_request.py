@@ -8,9 +8,10 @@ polls, so its set-up is not timed):
   1. the first request: one sentence (POST /embed);
   2. the first long request: 32 texts of about 250 tokens or more, cut to the window (a new, larger shape);
   3. the same two again: the steady-state reference.
-Also the start-up time (process start to "ready on"), which warm-up lengthens. Medians over the starts; the
+Also the start-up time (process start to /health 200), which warm-up lengthens. Medians over the starts; the
 ratios first / steady say what the first user pays. The default artifact is all-MiniLM-L6-v2 exported to ONNX
-(built under artifacts/bench/ if absent). Prints a table and writes benchmarks/results/first_request.json.
+(built under artifacts/bench/ if absent); `--artifact` takes any other, e.g. an OpenVINO one made with `bertopt
+compile`. Prints a table and writes benchmarks/results/first_request.json (`--out` for another name).
 """
 
 from __future__ import annotations
