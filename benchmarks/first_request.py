@@ -97,14 +97,16 @@ def main() -> None:
     art = ensure_artifact(args.artifact)
     log_dir = Path(tempfile.mkdtemp(prefix="first_request-"))  # the servers' logs, removed at the end
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
-    for i in range(args.starts):
-        order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
-        for mode in order:
-            run = one_start(art.path, MODES[mode], args.workers, log_dir)
-            runs[mode].append(run)
-            print(f"start {i + 1}/{args.starts} {mode:>10}: ready {run['ready_s']:.2f} s, first 1-text "
-                  f"{run['first_short']:.1f} ms, first 32-text {run['first_long']:.1f} ms", flush=True)
-    shutil.rmtree(log_dir)
+    try:
+        for i in range(args.starts):
+            order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                run = one_start(art.path, MODES[mode], args.workers, log_dir)
+                runs[mode].append(run)
+                print(f"start {i + 1}/{args.starts} {mode:>10}: ready {run['ready_s']:.2f} s, first 1-text "
+                      f"{run['first_short']:.1f} ms, first 32-text {run['first_long']:.1f} ms", flush=True)
+    finally:
+        shutil.rmtree(log_dir)
     summary = {m: summarize(r) for m, r in runs.items()}
     result = {"artifact": str(art.path), "workers": args.workers, "starts": args.starts,
               "long_request_texts": len(long_texts()), "summary": summary, "runs": runs, "machine": machine_info()}
