@@ -10,7 +10,8 @@
 
 Timeouts: every call fails with ``ServerTimeout`` (a ``TimeoutError``) when no reply arrives within
 ``timeout`` seconds — also when no server is running at all — instead of hanging (``timeout=None`` waits
-forever). Give large requests a large enough timeout.
+forever). Give large requests a large enough timeout. A server whose queue is full answers at once with
+``ServerBusy`` (a ``ServerTimeout`` too): the request did not run; send it again later.
 
 Threads: one ``Client`` may be shared by any number of threads. Sends go through one PUSH socket under a lock
 (a ZeroMQ socket may change threads, never be used by two at once); one background thread owns the SUB socket
@@ -39,6 +40,12 @@ class ServerTimeout(TimeoutError):
 
 class ServerError(RuntimeError):
     """The server answered the request with an error (the message says what and how to fix it)."""
+
+
+class ServerBusy(ServerTimeout):
+    """The server's queue was full (``--max-queued-requests``): the request did not run and may be sent again
+    later. A ``ServerTimeout`` (so code that retries on timeouts retries this too), answered at once instead of
+    after the timeout."""
 
 
 class Client:
@@ -194,7 +201,7 @@ class Client:
         return fut.result(None if self.timeout is None else self.timeout + 5)
 
     def _receive_loop(self) -> None:
-        from bertopt.protocol import ProtocolError, decode_reply
+        from bertopt.protocol import ProtocolError, decode_reply, is_busy
 
         zmq = self._zmq
         while not self._closed.is_set():
@@ -216,7 +223,7 @@ class Client:
                         continue
                     fut = entry[0]
                     if isinstance(value, ProtocolError):
-                        fut.set_exception(ServerError(str(value)))
+                        fut.set_exception((ServerBusy if is_busy(str(value)) else ServerError)(str(value)))
                     elif isinstance(value, np.ndarray):
                         fut.set_result(value.copy())  # writeable, owns its memory
                     else:

@@ -260,6 +260,15 @@ def ndarray_reply(identity: bytes, request_id: bytes, array: np.ndarray) -> list
     return [identity, info, memoryview(array).cast("B"), request_id]
 
 
+# a request refused because the server's queue is full starts its error message with this: the request did not
+# run and may be sent again later (bertopt's Client raises ServerBusy for it; bert-serving-client shows the text)
+BUSY_PREFIX = "server busy: "
+
+
+def is_busy(message: str) -> bool:
+    return message.startswith(BUSY_PREFIX)
+
+
 def error_reply(identity: bytes, request_id: bytes, message: str) -> list[bytes]:
     # "dtype" carries the message too: bert-serving-client reads only dtype/shape, and numpy's refusal of that
     # dtype ("data type '<message>' not understood" / "format ... of '<message>' is not recognized") is how its

@@ -73,6 +73,9 @@ class FairQueue:
         self._turns: deque[bytes] = deque()
         self._len = 0
         self.tokens = 0
+        # requests with work still queued: a request's pieces are pushed and popped in order, so it is queued
+        # while its last piece is (what a bounded queue counts, see serve/admission.py)
+        self.requests = 0
 
     def __len__(self) -> int:
         return self._len
@@ -86,6 +89,7 @@ class FairQueue:
         (q.appendleft if front else q.append)(piece)
         self._len += 1
         self.tokens += piece.tokens
+        self.requests += piece.index == piece.n_pieces - 1
 
     def peek(self) -> Piece:
         return self._queues[self._turns[0]][0]
@@ -96,6 +100,7 @@ class FairQueue:
         piece = q.popleft()
         self._len -= 1
         self.tokens -= piece.tokens
+        self.requests -= piece.index == piece.n_pieces - 1
         if q:
             self._turns.append(identity)
         else:

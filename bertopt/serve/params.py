@@ -64,6 +64,12 @@ SERVE_CONFIG_PARAMS = [
           min=0.001),
     Param("max_concurrent_requests", int, 512, "HTTP requests admitted at once; beyond it: 429 with Retry-After.",
           min=1),
+    Param("max_queued_requests", int, 1024, "Requests waiting in the fleet's queue (ZeroMQ and HTTP together); a "
+          "ZeroMQ request beyond it gets a busy error reply at once (bert-serving-client raises it, bertopt's "
+          "Client raises ServerBusy) instead of waiting into the client's timeout.", min=1),
+    Param("warmup", bool, True, "Each worker runs one batch per sequence-length bucket before it reports ready "
+          "(/health turns 200 after), so the first requests do not pay the runtime's first-run costs; "
+          "--no-warmup skips it."),
     Param("request_timeout", float, 60.0, "Seconds an HTTP request may wait for its answer (then 504).",
           min=0.001),
     Param("bulk_nice", int, 10, "Nice value of the workers' bulk-lane threads (0-19): under a flood, small "

@@ -62,6 +62,8 @@ class ServeConfig:
     max_concurrent_requests: int = _DEFAULT["max_concurrent_requests"]
     request_timeout_s: float = _DEFAULT["request_timeout_s"]
     bulk_nice: int = _DEFAULT["bulk_nice"]
+    max_queued_requests: int = _DEFAULT["max_queued_requests"]
+    warmup: bool = _DEFAULT["warmup"]
 
     @property
     def priority_tokens(self) -> int:
@@ -246,6 +248,7 @@ class Server:
                     "provider": "cuda" if cfg.device_map else cfg.provider,
                     "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
                     "output": self.facts["output"], "bulk_nice": cfg.bulk_nice,
+                    "warmup": cfg.warmup, "max_batch_tokens": cfg.max_batch_tokens,
                     "ventilator": f"tcp://127.0.0.1:{router_port}",
                     "sink": sink_addr, "log_level": cfg.log_level}
             tokenizer = load_tokenizer(Path(self.facts["tokenizer"]), self.facts["max_seq_len"])

@@ -52,6 +52,7 @@ from bertopt.protocol import (
     parse_request,
 )
 from bertopt.runtime.predictor import check_texts
+from bertopt.serve.admission import Admission
 from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
 from bertopt.serve.processes import start_child
 
@@ -117,6 +118,7 @@ class WorkerSlot:
                 "in_flight": len(self.in_flight()), "jobs_done": self.jobs_done, "texts_done": self.texts_done,
                 "restarts": self.restarts, "threads": self.info.get("threads"),
                 "provider": self.info.get("provider"), "backend": self.info.get("backend"),
+                "warmup_s": self.info.get("warmup_s"),
                 "error": None if self.ready else (self.last_error or None)}
 
 
@@ -282,6 +284,10 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.priority) + len(self.bulk)
 
+    @property
+    def queued_requests(self) -> int:
+        return self.priority.requests + self.bulk.requests
+
     def enqueue(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:
         small = len(items) <= self.priority_texts and sum(lengths) <= self.priority_tokens
         queue = self.priority if small else self.bulk
@@ -382,6 +388,7 @@ class Ventilator:
         self.started = time.time()
         self.accepting = True
         self.limits = RequestLimits(cfg["max_client_batch_size"], cfg["max_text_chars"], cfg["max_request_chars"])
+        self.admission = Admission(cfg["max_queued_requests"])  # ZeroMQ requests against the queue's bound
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}
@@ -416,6 +423,10 @@ class Ventilator:
         if req.command is not None:
             self.counters["status_requests"] += 1
             self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])
+            return
+        busy = self.admission.check(self.scheduler.queued_requests)
+        if busy is not None:  # the queue is full: refused now (not remembered as failed: nothing of it is queued)
+            self.sink.send_multipart([ERROR, req.identity, req.request_id, message_bytes(busy)])
             return
         try:
             self.enqueue(req)
@@ -499,17 +510,21 @@ class Ventilator:
                                      "priority_tokens", "max_request_bytes", "max_client_batch_size",
                                      "max_text_chars", "max_request_chars", "max_request_tokens", "num_worker",
                                      "threads_per_worker",
-                                     "device_map", "bind", "port", "port_out", "http_port")},
+                                     "device_map", "bind", "port", "port_out", "http_port",
+                                     "max_queued_requests", "warmup")},
             "curve": bool(c.get("curve_keys")),
             "show_tokens_to_client": False,
             "accepting": self.accepting,
             "uptime_s": round(time.time() - self.started, 3),
             "queue_length": {"priority": len(s.priority), "bulk": len(s.bulk)},
+            "queued_requests": s.queued_requests,
+            "busy_refused": self.admission.refused,
             "queue_tokens": {"priority": s.priority.tokens, "bulk": s.bulk.tokens},
             "clients_queued": s.priority.clients() + s.bulk.clients(),
             **self.counters,
             **s.counters,
             "worker_restarts": self.pool.restarts,
+            "workers_ready": len(self.pool.live()),  # ready = loaded and warmed up (--warmup)
             "workers": [slot.describe() for slot in self.workers],
         }
 

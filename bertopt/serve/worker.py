@@ -192,6 +192,29 @@ def _load_predictor(cfg: dict, ctrl):
         return None
 
 
+def _warm_up(cfg: dict, ctrl, predictor, priority_predictor) -> dict | None | bool:
+    """One batch per length bucket on each session, before READY (``serve/warmup.py``); None when turned off,
+    False when it failed (reported to the server like a load failure: a model that cannot run its own window)."""
+    if not cfg.get("warmup", True):
+        return None
+    from bertopt.serve.warmup import warm_up
+
+    budget = int(cfg["max_batch_tokens"])  # a warm-up batch is no larger than a mini-job
+    try:
+        warm = warm_up(predictor, cfg["output"], budget)
+        if priority_predictor is not predictor:  # a second session (OpenVINO): warm it too
+            warm["seconds"] += warm_up(priority_predictor, cfg["output"], budget)["seconds"]
+    except Exception as exc:
+        log.error("worker %d: warm-up failed: %s", cfg["index"], traceback.format_exc())
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        message = f"its warm-up batch failed ({reason}); serve with --no-warmup or a smaller --max-seq-len"
+        ctrl.send_multipart([FAIL, message_bytes(message)])
+        return False
+    log.info("worker %d warmed up in %.3f s (%d batches, lengths %s tokens)", cfg["index"], warm["seconds"],
+             warm["batches"], ",".join(str(n) for n in warm["lengths"]))
+    return warm
+
+
 def _forward_done(ctrl, done_pull) -> None:
     import zmq
 
@@ -256,7 +279,13 @@ def run_worker(cfg: dict) -> int:
             ctrl.close()
             ctx.term()
             return 1
-    ctrl.send_multipart([READY, json.dumps({"pid": os.getpid(), **predictor.describe()}, default=str).encode()])
+    warm = _warm_up(cfg, ctrl, predictor, priority_predictor)
+    if warm is False:
+        ctrl.close()
+        ctx.term()
+        return 1
+    info = {"pid": os.getpid(), **predictor.describe(), "warmup_s": warm["seconds"] if warm else None}
+    ctrl.send_multipart([READY, json.dumps(info, default=str).encode()])
     done_pull = ctx.socket(zmq.PULL)
     done_pull.bind(f"inproc://done-{index}")
     lanes = {"bulk": LaneRunner(ctx, cfg, predictor, nice=int(cfg.get("bulk_nice") or 0)),
