@@ -238,6 +238,13 @@ BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed
                    "first).", min=1)
 MAX_SEQ_LEN = Param("max_seq_len", int, None, "Truncate texts to this many tokens (default: the artifact's).",
                     min=1)
+# what happens to a text longer than the model's window (runtime.predictor.sequence_length): the one policy of the
+# Python API, serve, spark-predict and the Kafka bridge (docs/serving.md, "Long inputs")
+LONG_INPUT_POLICIES = ("error", "truncate", "chunk")
+LONG_INPUTS = Param("long_inputs", str, "truncate", "A text longer than the model's window (--max-seq-len tokens): "
+                    "truncate (cut it to the window), error (refuse it, naming the limit and its length) or chunk "
+                    "(run it as overlapping windows and pool them: a token-weighted mean of embeddings or logits).",
+                    choices=LONG_INPUT_POLICIES)
 RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
                 "(onnxruntime, openvino, tensorflow).")
 
