@@ -92,3 +92,33 @@ def test_rerank_server_refuses_to_chunk_pairs(task_artifact, start_server):
     ok = httpx.post(server.url + "/rerank", json={"query": "q", "texts": ["the cat", "a dog"]}, timeout=60)
     assert ok.status_code == 200 and [d["index"] for d in ok.json()] == [
         d["index"] for d in pred.rerank("q", ["the cat", "a dog"])]
+
+
+def test_sparse_chunks_by_max_and_token_classifier_refuses_over_http(task_artifact, start_server):
+    _, sparse = task_artifact("sparse-embedding")
+    pred = Predictor(sparse, threads=1)
+    long = text_of(pred, 3 * pred.max_seq_len)
+    server = start_server(sparse.path, "--no-zmq", http=True, num_worker=1)
+    r = httpx.post(server.url + "/embed_sparse", json={"inputs": [long, "the cat"], "long_inputs": "chunk"},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    for got, want in zip(r.json(), pred.predict([long, "the cat"], long_inputs="chunk")):
+        assert [d["index"] for d in got] == want["indices"]
+        np.testing.assert_allclose([d["value"] for d in got], want["values"], atol=1e-5)
+    assert httpx.post(server.url + "/embed_sparse", json={"inputs": long}, timeout=60).status_code == 413
+    server.stop()
+
+    _, ner = task_artifact("token-classification")
+    pred = Predictor(ner, threads=1)
+    long = text_of(pred, 3 * pred.max_seq_len)
+    server = start_server(ner.path, "--no-zmq", "--long-inputs", "chunk", http=True, num_worker=1)
+    r = httpx.post(server.url + "/predict", json={"inputs": [long, "the cat"]}, timeout=60)
+    assert r.status_code == 413
+    assert "chunking splits texts, not a token classifier's inputs over HTTP (the Python API chunks them)" in \
+        r.json()["error"]
+    r = httpx.post(server.url + "/predict", json={"inputs": "the cat sat", "aggregation_strategy": "none"},
+                   timeout=60)
+    want = pred.predict(["the cat sat"], aggregation="none")[0]  # a text that fits is answered as always
+    assert r.status_code == 200
+    assert [(e["entity"], e["start"], e["end"]) for e in r.json()] == [(e["entity"], e["start"], e["end"])
+                                                                        for e in want]
