@@ -384,7 +384,7 @@ class Predictor:
                 parts = [enc]
             spans.append((len(windows), len(windows) + len(parts)))
             windows.extend(parts)
-        rows = self._run_rows(windows, names, pad_to, batch_size)
+        rows = self._run_rows(windows, names, pad_to, batch_size, texts=len(texts))
         normalize = bool(self.model.model_info.get("normalize"))
         result: dict[str, Any] = {}
         for name in names:
@@ -400,8 +400,9 @@ class Predictor:
                                          for a, b in spans])
         return result
 
-    def _run_rows(self, encodings, names, pad_to, batch_size) -> dict[str, list]:
-        """Each output's row per encoding (token-level ones trimmed to the real tokens), in input order."""
+    def _run_rows(self, encodings, names, pad_to, batch_size, texts: int | None = None) -> dict[str, list]:
+        """Each output's row per encoding (token-level ones trimmed to the real tokens), in input order;
+        ``texts``: how many texts the encodings are (fewer than them when texts were chunked into windows)."""
         n = len(encodings)
         bs = batch_size or self.batch_size
         pieces: dict[str, list] = {name: [None] * n for name in names}
@@ -418,7 +419,7 @@ class Predictor:
                     pieces[name][i] = arr[j, : lengths[j]] if self.is_token_level(name) else arr[j]
         with self._lock:
             self.stats["batches"] += batches
-            self.stats["texts"] += n
+            self.stats["texts"] += n if texts is None else texts
             self.stats["tokens"] += tokens
         return pieces
 
