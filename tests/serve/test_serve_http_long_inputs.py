@@ -63,6 +63,12 @@ def test_minilm_server_chunks_http_by_default_and_zeromq_keeps_truncating(minilm
         np.testing.assert_allclose(zmq_client.encode(texts), truncated, atol=1e-5)
 
 
+def test_serve_long_inputs_option_is_checked_in_one_line(cli, tiny_onnx):
+    code, _, err = cli("serve", tiny_onnx.path, "--long-inputs", "split")
+    assert code == 2
+    assert "'long_inputs' must be one of error, truncate, chunk; got 'split'" in " ".join(err.split())
+
+
 def test_classifier_server_errors_by_default_and_chunks_by_request(task_artifact, start_server):
     _, cls = task_artifact("classification")
     pred = Predictor(cls, threads=1)
