@@ -51,3 +51,24 @@ def test_kafka_zmq_backend_refuses_chunk_in_one_line(tiny_onnx, cli):
                        "--response-topic", "b", "--backend", "zmq", "--long-inputs", "chunk")
     assert code == 2
     assert "--long-inputs chunk needs --backend local or spark" in " ".join(err.split())
+
+
+@pytest.mark.spark
+def test_kafka_spark_backend_chunks_like_the_predictor_and_refuses_error(tiny_onnx):
+    from bertopt.errors import UserError
+    from bertopt.kafka.spark_backend import SparkBackend
+    from bertopt.spark.session import get_session
+
+    with pytest.raises(UserError, match="^bertopt kafka --backend spark: 'long_inputs' must be one of truncate, "
+                                        "chunk; got 'error'$"):
+        SparkBackend(tiny_onnx.path, long_inputs="error")  # refused before Spark starts
+    pred = Predictor(tiny_onnx.path, threads=1)
+    long = " ".join(t for t in corpus()[:40] if t)
+    spark = get_session("local[2]", app_name="bertopt-kafka-long", conf={"spark.sql.shuffle.partitions": "2"})
+    backend = SparkBackend(tiny_onnx.path, spark=spark, partitions=2, threads=1, long_inputs="chunk")
+    try:
+        got = backend.encode(["the cat sat", long])
+    finally:
+        backend.close()
+        spark.stop()
+    np.testing.assert_allclose(got, pred.encode(["the cat sat", long], long_inputs="chunk"), atol=1e-5)
