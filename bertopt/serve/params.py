@@ -57,8 +57,9 @@ SERVE_CONFIG_PARAMS = [
                           "HTTP (more: an error reply / 413)."),
     MAX_TEXT_CHARS_PARAM,
     MAX_REQUEST_CHARS_PARAM,
-    Param("max_request_tokens", int, 1 << 20, "Most tokens in one request after truncation to --max-seq-len, "
-          "checked before any inference (a mini-job holds at most --max-batch-tokens).", min=1),
+    Param("max_request_tokens", int, 1 << 20, "Most tokens in one request after truncation to --max-seq-len (a "
+          "chunked text: all its tokens), checked before any inference (a mini-job holds at most "
+          "--max-batch-tokens).", min=1),
     Param("body_timeout", float, 30.0, "Seconds an HTTP client may take to send its request body (then 408); a "
           "request is admitted (counted against --max-concurrent-requests) only once its body is read.",
           min=0.001),
