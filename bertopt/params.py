@@ -259,6 +259,13 @@ TRT_MAX_BATCH = Param("trt_max_batch", int, 64, "TensorRT: the largest batch the
                       "since TensorRT refuses a batch outside its profile.", min=1)
 GPU_PARAMS = (CUDA_TF32, TRT_FP16, TRT_ENGINE_CACHE, TRT_MAX_BATCH)
 
+# what happens to a text longer than the model's window (runtime.predictor.sequence_length): the one policy of the
+# Python API, serve, spark-predict and the Kafka bridge (docs/serving.md, "Long inputs")
+LONG_INPUT_POLICIES = ("error", "truncate", "chunk")
+LONG_INPUTS = Param("long_inputs", str, "truncate", "A text longer than the model's window (--max-seq-len tokens): "
+                    "truncate (cut it to the window), error (refuse it, naming the limit and its length) or chunk "
+                    "(run it as overlapping windows and pool them: a token-weighted mean of embeddings or logits).",
+                    choices=LONG_INPUT_POLICIES)
 RUNTIME = Param("runtime", str, None, "Run with this backend instead of the one in the artifact's manifest "
                 "(onnxruntime, openvino, tensorflow).")
 

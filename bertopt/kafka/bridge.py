@@ -112,11 +112,13 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, artifact, *, threads: int | None = None, batch_size: int = 32, provider: str = "auto"):
+    def __init__(self, artifact, *, threads: int | None = None, batch_size: int = 32, provider: str = "auto",
+                 long_inputs: str = "truncate"):
         from bertopt.runtime import Predictor
 
         try:
-            self.predictor = Predictor(artifact, threads=threads, batch_size=batch_size, provider=provider)
+            self.predictor = Predictor(artifact, threads=threads, batch_size=batch_size, provider=provider,
+                                       long_inputs=long_inputs)
         except UserError:
             raise
         except Exception as exc:  # a model the runtime cannot open: one line, and a non-zero exit

@@ -40,17 +40,21 @@ def _kafka(config) -> None:
     warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
     if warning:
         typer.echo(warning, err=True)
-    threads, batch_size = config["threads"], config["batch_size"]
+    threads, batch_size, long_inputs = config["threads"], config["batch_size"], config["long_inputs"]
+    if backend == "zmq" and long_inputs != "truncate":
+        raise UserError(f"--long-inputs {long_inputs} needs --backend local or spark: a 'bertopt serve' fleet "
+                        "truncates what ZeroMQ sends it (bert-as-service's behaviour)")
     try:
         if backend == "local":
             from bertopt.kafka.bridge import LocalBackend
 
-            runner = LocalBackend(artifact, threads=threads, batch_size=batch_size)
+            runner = LocalBackend(artifact, threads=threads, batch_size=batch_size, long_inputs=long_inputs)
         elif backend == "spark":
             from bertopt.kafka.spark_backend import SparkBackend
 
             runner = SparkBackend(artifact, master=config["master"], partitions=config["partitions"],
-                                  threads=threads, batch_size=batch_size, max_text_chars=config["max_text_chars"])
+                                  threads=threads, batch_size=batch_size, max_text_chars=config["max_text_chars"],
+                                  long_inputs=long_inputs)
         else:
             from bertopt.errors import require
             from bertopt.kafka.bridge import ZmqBackend

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertopt.kafka.spark_backend import SPARK_BACKEND_PARAMS
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import BATCH_SIZE, THREADS, ConfigFields, Param
+from bertopt.params import BATCH_SIZE, LONG_INPUTS, THREADS, ConfigFields, Param
 
 BACKENDS = ("local", "zmq", "spark")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -51,6 +51,8 @@ KAFKA_PARAMS = [
           "per Spark task).", choices=BACKENDS),
     THREADS,
     BATCH_SIZE,
+    LONG_INPUTS.with_(help=LONG_INPUTS.help + " local backend: error answers the request with an error response; "
+                      "spark backend: truncate or chunk; zmq backend: the server's ZeroMQ truncation only."),
     Param("server", str, "127.0.0.1", "zmq backend: address of 'bertopt serve'."),
     Param("port", int, 5555, "zmq backend: the server's request port.", min=1, max=65535, aliases=("-p",)),
     Param("port_out", int, 5556, "zmq backend: the server's reply port.", min=1, max=65535),

@@ -58,7 +58,8 @@ class SparkBackend:
 
     def __init__(self, artifact, *, master: str | None = None, partitions: int | None = None,
                  threads: int | None = None, batch_size: int = 32, provider: str = "auto",
-                 conf: dict[str, str] | None = None, spark=None, max_text_chars: int = MAX_TEXT_CHARS):
+                 conf: dict[str, str] | None = None, spark=None, max_text_chars: int = MAX_TEXT_CHARS,
+                 long_inputs: str = "truncate"):
         from bertopt.artifact import Artifact
         from bertopt.errors import require
 
@@ -76,8 +77,11 @@ class SparkBackend:
         self.model_info = art.model_info
         self.batches = 0
         self.spark_seconds = 0.0  # time spent in Spark jobs (DataFrame made, predicted, collected)
+        from bertopt.spark.udf import SPARK_LONG_INPUTS
+
         self._udf_options = {"batch_size": batch_size, "threads": threads, "provider": provider,
-                             "max_text_chars": max_text_chars}
+                             "max_text_chars": max_text_chars,
+                             "long_inputs": SPARK_LONG_INPUTS.coerce(long_inputs, "bertopt kafka --backend spark")}
         self.max_text_chars = max_text_chars
         self._udfs: dict[tuple[bool, str], Any] = {}
         self._own_session = spark is None

@@ -9,6 +9,14 @@ is much longer than the batch's first (``BUCKET_GROWTH``): real text has a long 
 many short sentences), and without that bound one paragraph pads 31 short texts to its length. On 256-text
 chunks of the built-in corpus this bound doubled MiniLM's throughput. Padding never changes a real token's
 output (attention masks it), so bucketing changes speed, not values.
+
+Long inputs (a text over the window of ``sequence_length`` tokens) follow one policy, ``long_inputs``
+(``params.LONG_INPUTS``): ``truncate`` cuts the text to the window (the tokenizer's truncation, as before);
+``error`` refuses it with a UserError naming the window and the text's length; ``chunk`` runs it as overlapping
+windows (the tokenizer's own overflow with ``stride``, so every window carries the family's special tokens) and
+pools them (``pool_windows``, ``join_token_windows``): embeddings and logits by a token-weighted mean (an
+embedding re-normalised when the model normalises), sparse vectors by their maximum (SPLADE's own pooling),
+token outputs by joining the windows. Text pairs (rerank) are never chunked: over the window they are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import numpy as np
 from bertopt.artifact import Artifact, read_regular_file
 from bertopt.errors import UserError
 from bertopt.model_handle import ModelHandle
+from bertopt.params import LONG_INPUTS
 from bertopt.runtime.backends import describe, open_session
 from bertopt.untrusted import lone_surrogate
 
@@ -31,6 +40,9 @@ DEFAULT_BATCH_SIZE = 32
 # keeps short texts (3-10 tokens) in full batches, where per-batch overhead matters more than padding
 BUCKET_GROWTH = 1.25
 BUCKET_SLACK_TOKENS = 8
+# chunk: consecutive windows share this fraction of a window's text tokens (the tokenizer's ``stride``), so no
+# token is only ever seen at a window's edge without context
+CHUNK_OVERLAP = 0.25
 
 
 def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: str = "text {}") -> None:
@@ -77,6 +89,13 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
         raise UserError(f"{shown} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None
 
 
+def read_tokenizer_json_str(text: str):
+    """A copy of a tokenizer already read (``Tokenizer.to_str()``), to set other truncation on."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(text)
+
+
 def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
     """A fast (Rust) tokenizer from ``tokenizer.json``, truncating to ``max_seq_len``, no padding."""
     file = Path(tokenizer_dir) / "tokenizer.json"
@@ -99,6 +118,52 @@ def sequence_length(model_info: dict[str, Any], max_seq_len: int | None = None) 
     return seq
 
 
+def window_tokens(tokenizer) -> int:
+    """Special tokens the family's tokenizer adds to one text ([CLS] ... [SEP], <s> ... </s>)."""
+    return int(tokenizer.num_special_tokens_to_add(False))
+
+
+def chunk_overlap(content_tokens: int) -> int:
+    """Text tokens two consecutive windows share, for windows of ``content_tokens`` text tokens."""
+    return int(content_tokens * CHUNK_OVERLAP)
+
+
+def pool_windows(spec: dict[str, Any], rows: Sequence[np.ndarray], weights: Sequence[int],
+                 normalize: bool = False) -> np.ndarray:
+    """One pooled row from the rows of a text's windows: sparse vectors by their element-wise maximum (SPLADE
+    pools tokens by max, so this is the max over every window's tokens); everything else (sentence
+    embeddings, logits) by the mean weighted by each window's token count, then an embedding the model
+    normalises is re-normalised to unit length."""
+    stacked = np.stack([np.asarray(r, dtype=np.float64) for r in rows])
+    if spec.get("kind") == "sparse":
+        return stacked.max(axis=0).astype(np.float32)
+    w = np.asarray(weights, dtype=np.float64)
+    pooled = (stacked * w[:, None]).sum(axis=0) / w.sum()
+    if spec.get("kind") == "embedding" and spec.get("normalized", normalize):
+        pooled = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+    return pooled.astype(np.float32)
+
+
+def join_token_windows(windows, rows: Sequence[np.ndarray], overlap: int) -> np.ndarray:
+    """One ``(tokens, d)`` array for a chunked text, aligned with its untruncated encoding: the leading special
+    tokens of the first window, each text token from one window (of the ``overlap`` tokens two windows share,
+    the first half from the earlier window, the rest from the later one, so each is away from a window's
+    edge), the trailing special tokens of the last window."""
+    parts = []
+    last = len(windows) - 1
+    for k, (window, row) in enumerate(zip(windows, rows)):
+        text = [j for j, s in enumerate(window.sequence_ids) if s is not None]
+        first, stop = text[0], text[-1] + 1
+        if k == 0:
+            parts.append(row[:first])
+        head = overlap // 2 if k > 0 else 0
+        tail = overlap - overlap // 2 if k < last else 0
+        parts.append(row[first + head:stop - tail])
+        if k == last:
+            parts.append(row[stop:len(window.ids)])
+    return np.concatenate(parts)
+
+
 class Predictor:
     def __init__(
         self,
@@ -113,6 +178,7 @@ class Predictor:
         verify: bool = True,
         session=None,
         device_id: int | None = None,
+        long_inputs: str = LONG_INPUTS.default,
     ):
         # ``model`` is an artifact folder (loaded and verified here), an Artifact, or a ModelHandle (a reference
         # model, a staged artifact's handle, a variant with other runtime options); ``session`` runs another model
@@ -135,7 +201,9 @@ class Predictor:
             raise UserError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
         self.length_bucketing = length_bucketing
+        self.long_inputs = LONG_INPUTS.coerce(long_inputs, "Predictor")
         self.tokenizer = load_tokenizer(handle.tokenizer_path, self.max_seq_len)
+        self._untruncated = self._chunker = None  # copies of the tokenizer, made when first needed
         self.session = session or open_session(handle, backend=runtime, provider=provider, threads=threads,
                                                device_id=device_id)
         self.input_names = [i["name"] for i in handle.inputs]
@@ -157,6 +225,7 @@ class Predictor:
             "precision": self.model.precision,
             "max_seq_len": self.max_seq_len,
             "batch_size": self.batch_size,
+            "long_inputs": self.long_inputs,
             "primary_output": self.primary_output,
             **describe(self.session),
         }
@@ -170,13 +239,68 @@ class Predictor:
         return int(shape[-1]) if shape and isinstance(shape[-1], int) else -1
 
     # -- tokenisation ---------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None):
+    def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None, truncate: bool = True):
+        """Encodings cut to the window (``truncate``; what the model runs), or whole (``truncate=False``: what a
+        chunked text's joined token outputs line up with)."""
         if pairs is not None and len(pairs) != len(texts):
             raise UserError(f"got {len(texts)} first segments but {len(pairs)} second segments")
         check_texts(texts, pairs)
+        tokenizer = self.tokenizer if truncate else self.untruncated_tokenizer()
         if pairs is not None:
-            return self.tokenizer.encode_batch(list(zip(texts, pairs)))
-        return self.tokenizer.encode_batch(list(texts))
+            return tokenizer.encode_batch(list(zip(texts, pairs)))
+        return tokenizer.encode_batch(list(texts))
+
+    # -- long inputs ----------------------------------------------------------------------------------------
+    def long_input_policy(self, long_inputs: str | None = None) -> str:
+        """``long_inputs`` (one call's choice) when given, else the Predictor's."""
+        return self.long_inputs if long_inputs is None else LONG_INPUTS.coerce(long_inputs, "long_inputs")
+
+    def untruncated_tokenizer(self):
+        if self._untruncated is None:
+            tok = read_tokenizer_json_str(self.tokenizer.to_str())
+            tok.no_truncation()
+            self._untruncated = tok
+        return self._untruncated
+
+    def chunk_tokenizer(self):
+        """The tokenizer cutting a text into windows of ``max_seq_len`` tokens (special tokens included) that
+        overlap by ``chunk_overlap`` text tokens: its encoding's ``overflowing`` are the windows after the
+        first."""
+        if self._chunker is None:
+            specials = window_tokens(self.tokenizer)
+            content = self.max_seq_len - specials
+            if content < 2:
+                raise UserError(f"a window of {self.max_seq_len} tokens leaves {content} for text beside the "
+                                f"model's {specials} special tokens; chunking needs --max-seq-len "
+                                f"{specials + 2} or more")
+            tok = read_tokenizer_json_str(self.tokenizer.to_str())
+            tok.enable_truncation(max_length=self.max_seq_len, stride=chunk_overlap(content))
+            self._chunker = tok
+        return self._chunker
+
+    @property
+    def chunk_stride(self) -> int:
+        """Text tokens consecutive windows share."""
+        return chunk_overlap(self.max_seq_len - window_tokens(self.tokenizer))
+
+    def too_long(self, index: int, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                 name: str = "text {}") -> UserError:
+        """The error of the ``error`` policy: which text, its length and the window."""
+        seq = texts[index] if pairs is None else (texts[index], pairs[index])
+        length = len(self.untruncated_tokenizer().encode(*([seq] if pairs is None else seq)).ids)
+        return UserError(f"{name.format(index)} has {length} tokens, more than this model's window of "
+                         f"{self.max_seq_len} tokens; shorten it, or set long inputs to truncate (cut to the window) "
+                         "or chunk (overlapping windows, pooled): --long-inputs / long_inputs=")
+
+    def check_chunkable(self, names: Sequence[str], pairs) -> None:
+        if pairs is not None:
+            raise UserError("chunking splits single texts, not text pairs (rerank, pair classification); a pair "
+                            "over the model's window cannot be chunked: shorten it, or set long inputs to "
+                            "truncate")
+        bad = [n for n in names if self.outputs[n].get("kind") == "score"]
+        if bad:
+            raise UserError(f"output {bad[0]} is a relevance score of a text pair, which cannot be chunked; set "
+                            "long inputs to truncate or error")
 
     def feeds_for(self, encodings, pad_to: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
@@ -215,13 +339,18 @@ class Predictor:
         outputs: Sequence[str] | None = None,
         pad_to: int | None = None,
         batch_size: int | None = None,
+        long_inputs: str | None = None,
     ) -> dict[str, Any]:
         """Run every text; pooled outputs come back as ``(n, d)`` arrays, token-level outputs as a list of
-        per-text ``(tokens, d)`` arrays trimmed to the real tokens, all in the caller's order."""
+        per-text ``(tokens, d)`` arrays trimmed to the real tokens, all in the caller's order. A text over the
+        window follows ``long_inputs`` (this call's policy; default: the Predictor's): truncated, refused
+        (UserError naming it, its length and the window) or chunked (pooled rows; token-level outputs joined
+        into one array per text, as long as its untruncated encoding)."""
         names = list(outputs or self.output_names)
         unknown = [n for n in names if n not in self.outputs]
         if unknown:
             raise UserError(f"unknown output {unknown[0]!r}; this artifact has: {', '.join(self.output_names)}")
+        policy = self.long_input_policy(long_inputs)
         encodings = self.tokenize(texts, pairs)
         n = len(encodings)
         result: dict[str, Any] = {}
@@ -232,6 +361,49 @@ class Predictor:
                 else:
                     result[name] = np.zeros((0, max(self.embedding_dim, 0)), dtype=np.float32)
             return result
+        over = [i for i, e in enumerate(encodings) if e.overflowing] if policy != "truncate" else []
+        if over and policy == "error":
+            raise self.too_long(over[0], texts, pairs)
+        if over:
+            return self._run_chunked(list(texts), encodings, set(over), names, pairs, pad_to, batch_size)
+        pieces = self._run_rows(encodings, names, pad_to, batch_size)
+        for name in names:
+            result[name] = pieces[name] if self.is_token_level(name) else np.stack(pieces[name])
+        return result
+
+    def _run_chunked(self, texts, encodings, over: set[int], names, pairs, pad_to, batch_size) -> dict[str, Any]:
+        self.check_chunkable(names, pairs)
+        chunker = self.chunk_tokenizer()
+        windows: list = []
+        spans: list[tuple[int, int]] = []
+        for i, enc in enumerate(encodings):
+            if i in over:
+                whole = chunker.encode(texts[i])
+                parts = [whole, *whole.overflowing]
+            else:
+                parts = [enc]
+            spans.append((len(windows), len(windows) + len(parts)))
+            windows.extend(parts)
+        rows = self._run_rows(windows, names, pad_to, batch_size, texts=len(texts))
+        normalize = bool(self.model.model_info.get("normalize"))
+        result: dict[str, Any] = {}
+        for name in names:
+            spec = self.outputs[name]
+            if self.is_token_level(name):
+                result[name] = [rows[name][a] if b - a == 1 else
+                                join_token_windows(windows[a:b], rows[name][a:b], self.chunk_stride)
+                                for a, b in spans]
+            else:
+                result[name] = np.stack([rows[name][a] if b - a == 1 else
+                                         pool_windows(spec, rows[name][a:b], [len(w.ids) for w in windows[a:b]],
+                                                      normalize)
+                                         for a, b in spans])
+        return result
+
+    def _run_rows(self, encodings, names, pad_to, batch_size, texts: int | None = None) -> dict[str, list]:
+        """Each output's row per encoding (token-level ones trimmed to the real tokens), in input order;
+        ``texts``: how many texts the encodings are (fewer than them when texts were chunked into windows)."""
+        n = len(encodings)
         bs = batch_size or self.batch_size
         pieces: dict[str, list] = {name: [None] * n for name in names}
         tokens = 0
@@ -247,11 +419,9 @@ class Predictor:
                     pieces[name][i] = arr[j, : lengths[j]] if self.is_token_level(name) else arr[j]
         with self._lock:
             self.stats["batches"] += batches
-            self.stats["texts"] += n
+            self.stats["texts"] += n if texts is None else texts
             self.stats["tokens"] += tokens
-        for name in names:
-            result[name] = pieces[name] if self.is_token_level(name) else np.stack(pieces[name])
-        return result
+        return pieces
 
     def plan_batches(self, encodings, batch_size: int, bounded_padding: bool = True) -> list[list[int]]:
         """Indices of each batch, in run order. Without bucketing: input order, ``batch_size`` at a time.
@@ -277,11 +447,12 @@ class Predictor:
             batches.append(current)
         return batches
 
-    def encode(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None) -> np.ndarray:
+    def encode(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None,
+               long_inputs: str | None = None) -> np.ndarray:
         """The primary output (sentence embedding, logits, ...) as one float32 array."""
         if isinstance(texts, str):
             texts = [texts]
-        out = self.run(texts, pairs, outputs=[self.primary_output])[self.primary_output]
+        out = self.run(texts, pairs, outputs=[self.primary_output], long_inputs=long_inputs)[self.primary_output]
         if self.is_token_level(self.primary_output):
             raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")
         return out
@@ -295,16 +466,18 @@ class Predictor:
         return task_of(self.model)
 
     def predict(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, aggregation: str = "simple",
-                ignore_labels: Sequence[str] | None = None) -> list[Any]:
+                ignore_labels: Sequence[str] | None = None, long_inputs: str | None = None) -> list[Any]:
         """One task result per text: classification ``{"label", "score", "scores"}``; token classification a
         list of entities (transformers-pipeline ``aggregation``: none, simple, first, average, max); rerank a
         score per (text, pair); sparse embedding ``{"indices", "values"}``; embedding the vector."""
         from bertopt.runtime.tasks import predict
 
-        return predict(self, texts, pairs, aggregation=aggregation, ignore_labels=ignore_labels)
+        return predict(self, texts, pairs, aggregation=aggregation, ignore_labels=ignore_labels,
+                       long_inputs=long_inputs)
 
-    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None) -> list[dict[str, Any]]:
+    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None,
+               long_inputs: str | None = None) -> list[dict[str, Any]]:
         """Passages sorted by relevance to ``query`` (rerank models): ``[{"index", "score", "text"}]``."""
         from bertopt.runtime.tasks import rerank
 
-        return rerank(self, query, passages, top_k=top_k)
+        return rerank(self, query, passages, top_k=top_k, long_inputs=long_inputs)

@@ -12,6 +12,11 @@
   ``CrossEncoder`` unless the model records another activation; ``rerank(query, passages)`` sorts passages.
 * ``sparse-embedding``: ``{"indices", "values"}`` of the non-zero entries of the SPLADE vector.
 
+A text over the model's window follows the Predictor's ``long_inputs`` policy (``Predictor.run``): with
+``chunk``, classification gets the token-weighted mean of its windows' logits (then softmax / sigmoid as
+above), token classification the windows' token logits joined over the whole text (entities anywhere in it,
+offsets into it), sparse embedding the element-wise max of its windows; rerank pairs are not chunked.
+
 Nothing here runs a model: the Predictor does, and these functions turn its outputs into results, so the
 server, Spark, Kafka and validation all get the same post-processing.
 """
@@ -272,11 +277,12 @@ def check_aggregation(aggregation: str) -> str:
 
 def token_entities(predictor, texts: Sequence[str], token_logits: Sequence[np.ndarray], *,
                    aggregation: str = "simple", ignore_labels: Sequence[str] | None = None,
-                   pairs: Sequence[str] | None = None) -> list[list[dict[str, Any]]]:
-    """Entities of each text from its per-token logits (as ``Predictor.run`` returns them)."""
+                   pairs: Sequence[str] | None = None, whole: bool = False) -> list[list[dict[str, Any]]]:
+    """Entities of each text from its per-token logits (as ``Predictor.run`` returns them); ``whole``: the
+    logits are of untruncated texts (chunked: ``long_inputs="chunk"``)."""
     check_aggregation(aggregation)
     ignore = set(DEFAULT_IGNORE_LABELS if ignore_labels is None else ignore_labels)
-    encodings = predictor.tokenize(texts, pairs)
+    encodings = predictor.tokenize(texts, pairs, truncate=False) if whole else predictor.tokenize(texts, pairs)
     spans = TokenSpans(predictor.tokenizer)
     out = []
     for text, enc, logits in zip(texts, encodings, token_logits):
@@ -306,7 +312,8 @@ def jsonable(value: Any) -> Any:
 
 # -- the Predictor's task-level calls ------------------------------------------------------------------------
 def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, *,
-            aggregation: str = "simple", ignore_labels: Sequence[str] | None = None) -> list[Any]:
+            aggregation: str = "simple", ignore_labels: Sequence[str] | None = None,
+            long_inputs: str | None = None) -> list[Any]:
     """One task result per text (see the module docstring), in the caller's order."""
     if isinstance(texts, str):
         texts = [texts]
@@ -317,9 +324,10 @@ def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None =
     task = task_of(model)
     check_predict_args(model, task, pairs, aggregation)
     name = task_output(model, task)
-    values = predictor.run(texts, pairs, outputs=[name])[name]
+    policy = predictor.long_input_policy(long_inputs)
+    values = predictor.run(texts, pairs, outputs=[name], long_inputs=policy)[name]
     return results_from_outputs(predictor, task, texts, values, pairs=pairs, aggregation=aggregation,
-                                ignore_labels=ignore_labels)
+                                ignore_labels=ignore_labels, whole=policy == "chunk")
 
 
 def check_predict_args(model, task: str, pairs, aggregation: str) -> None:
@@ -331,14 +339,16 @@ def check_predict_args(model, task: str, pairs, aggregation: str) -> None:
 
 
 def results_from_outputs(predictor, task: str, texts: Sequence[str], values, *, pairs=None,
-                         aggregation: str = "simple", ignore_labels: Sequence[str] | None = None) -> list[Any]:
-    """Task results from the task output's raw values (``Predictor.run(...)[task_output]``)."""
+                         aggregation: str = "simple", ignore_labels: Sequence[str] | None = None,
+                         whole: bool = False) -> list[Any]:
+    """Task results from the task output's raw values (``Predictor.run(...)[task_output]``; ``whole``: run
+    with ``long_inputs="chunk"``, token outputs span the untruncated texts)."""
     info = predictor.model.model_info
     if task == "classification":
         return classify(values, info)
     if task == "token-classification":
         return token_entities(predictor, texts, values, aggregation=aggregation, ignore_labels=ignore_labels,
-                              pairs=pairs)
+                              pairs=pairs, whole=whole)
     if task == "rerank":
         return [float(s) for s in rerank_scores(values, info)]
     if task == "sparse-embedding":
@@ -346,7 +356,8 @@ def results_from_outputs(predictor, task: str, texts: Sequence[str], values, *, 
     return list(np.asarray(values, dtype=np.float32))
 
 
-def rerank(predictor, query: str, passages: Sequence[str], top_k: int | None = None) -> list[dict[str, Any]]:
+def rerank(predictor, query: str, passages: Sequence[str], top_k: int | None = None,
+           long_inputs: str | None = None) -> list[dict[str, Any]]:
     """Passages sorted by relevance to ``query``: ``[{"index", "score", "text"}, ...]`` best first
     (``index`` is the passage's position in ``passages``); ties keep the input order."""
     model = predictor.model
@@ -362,7 +373,7 @@ def rerank(predictor, query: str, passages: Sequence[str], top_k: int | None = N
         raise UserError(f"top_k must be at least 1, got {top_k}")
     if not passages:
         return []
-    scores = predict(predictor, [query] * len(passages), passages)
+    scores = predict(predictor, [query] * len(passages), passages, long_inputs=long_inputs)
     order = sorted(range(len(passages)), key=lambda i: -scores[i])
     ranked = [{"index": i, "score": scores[i], "text": passages[i]} for i in order]
     return ranked[:top_k] if top_k else ranked

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # what a piece carries: plain texts, (first, second) pairs, token-id lists, or predict objects
-# ({"text", "pair", "aggregation"}: Client.predict, answered with the task's JSON results)
-KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT = b"t", b"p", b"i", b"r"
-KINDS = (KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT)
+# ({"text", "pair", "aggregation"}: Client.predict, answered with the task's JSON results), or texts to chunk
+# (a text over the window runs as overlapping windows, pooled: Predictor.run(long_inputs="chunk"))
+KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT, KIND_CHUNK = b"t", b"p", b"i", b"r", b"c"
+KINDS = (KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT, KIND_CHUNK)
 
 
 @dataclass

@@ -4,7 +4,7 @@ text-embeddings-inference's (TEI) routes, on Starlette.
     POST /v1/embeddings   OpenAI: input (string | strings | token ids | lists of token ids), model,
                           encoding_format (float | base64), dimensions (truncate + re-normalise)
     GET  /v1/models       OpenAI: the one served model
-    POST /embed           TEI: inputs, normalize (default true), truncate (default false)
+    POST /embed           TEI: inputs, normalize (default true), truncate (default false), long_inputs
     POST /predict         TEI: inputs (text | [text, text] pair | a list of them), raw_scores; on a token
                           classifier: inputs (text | texts), aggregation_strategy -> entities per text
     POST /rerank          TEI: query, texts, return_text, raw_scores, truncate
@@ -15,6 +15,12 @@ text-embeddings-inference's (TEI) routes, on Starlette.
 Every route checks the artifact's task and answers 400 naming the route that fits when it does not. Errors
 use each API's schema (OpenAI ``{"error": {"message", "type", "param", "code"}}``, TEI ``{"error",
 "error_type"}``); a client never sees a stack trace (unexpected failures are logged and answered 500).
+
+An input longer than the model's window follows the server's ``--long-inputs`` (default error: 413, TEI's
+behaviour), or the request's own choice: ``"truncate": true`` (TEI) or ``"long_inputs": "error" | "truncate" |
+"chunk"`` (every route; the OpenAI client sends it with ``extra_body``). Chunked texts run as KIND_CHUNK
+mini-jobs (``Predictor.run(long_inputs="chunk")``); pairs, token ids and token classification are not chunked
+(an over-long one is refused, naming what to send instead).
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
+from bertopt.params import LONG_INPUT_POLICIES
 from bertopt.protocol import RequestError, RequestLimits, check_text_sizes, decode_json
-from bertopt.serve.batching import KIND_IDS, KIND_PAIR, KIND_TEXT
+from bertopt.serve.batching import KIND_CHUNK, KIND_IDS, KIND_PAIR, KIND_TEXT
 
 
 class FleetError(Exception):
@@ -94,6 +101,7 @@ class RequestHandling:
         self.facts = front.facts
         self.task = self.facts["task"]
         self.max_seq_len = int(self.facts["max_seq_len"])
+        self.long_inputs = self.cfg.long_inputs
         self.model_id = Path(self.facts["artifact"]).name
         self.created = int(time.time())
         # counts tokens without truncating, so an over-long input is seen (and refused unless truncate)
@@ -177,10 +185,38 @@ class RequestHandling:
         except UserError as exc:
             raise Problem(400 if status == 400 else 422, str(exc), param=param) from None
 
+    def long_input_policy(self, body: dict) -> str:
+        """What this request does with an input over the window: its ``long_inputs`` field, else TEI's
+        ``truncate`` (true: truncate; false: not truncated, so an error where the server would truncate), else
+        the server's ``--long-inputs``."""
+        truncate = self.flag(body, "truncate", False) if "truncate" in body else None
+        if "long_inputs" in body:
+            policy = body["long_inputs"]
+            if policy not in LONG_INPUT_POLICIES:
+                raise Problem(422, f"'long_inputs' must be one of {', '.join(LONG_INPUT_POLICIES)}, got {policy!r}",
+                              param="long_inputs")
+            if truncate is not None and truncate != (policy == "truncate"):
+                raise Problem(422, f"'truncate': {str(truncate).lower()} contradicts 'long_inputs': {policy!r}; "
+                              "send one of them", param="long_inputs")
+            return policy
+        if truncate:
+            return "truncate"
+        if truncate is False and self.long_inputs == "truncate":
+            return "error"
+        return self.long_inputs
+
+    @staticmethod
+    def flag(body: dict, name: str, default: bool) -> bool:
+        value = body.get(name, default)
+        if not isinstance(value, bool):
+            raise Problem(422, f"'{name}' must be true or false, got {value!r}", param=name)
+        return value
+
     # -- token counting -----------------------------------------------------------------------------------
-    async def count_tokens(self, items: list, kind: bytes, truncate: bool, param: str, status: int) -> list[int]:
-        """Tokens per input (what the model will see, at most max_seq_len); over-long inputs are refused
-        unless ``truncate``."""
+    async def count_tokens(self, items: list, kind: bytes, policy: str, param: str,
+                           status: int) -> tuple[bytes, list[int]]:
+        """The kind to run the inputs as and their tokens (what the model will see: at most max_seq_len, or
+        every token of a text to chunk); over-long inputs follow ``policy`` (``long_input_policy``)."""
         if kind == KIND_IDS:
             lengths = [len(ids) for ids in items]
         else:
@@ -192,17 +228,29 @@ class RequestHandling:
             encodings = await asyncio.to_thread(encode, seqs) if len(seqs) > 32 else encode(seqs)
             lengths = [len(e.ids) for e in encodings]
         longest = max(lengths)
-        if longest > self.max_seq_len and not truncate:
+        if longest > self.max_seq_len and policy == "chunk":
+            what = {KIND_PAIR: "text pairs", KIND_IDS: "token ids"}.get(kind)
+            if what is None and self.task == "token-classification":
+                what = "a token classifier's inputs over HTTP (the Python API chunks them)"
+            if what is not None:
+                i = lengths.index(longest)
+                raise Problem(status, f"input {i} has {longest} tokens, more than this model's limit of "
+                              f"{self.max_seq_len}, and chunking splits texts, not {what}; shorten it, or send "
+                              "\"truncate\": true to cut it to the limit", param=param, code="context_length_exceeded")
+            kind = KIND_CHUNK
+        elif longest > self.max_seq_len and policy == "error":
             i = lengths.index(longest)
             raise Problem(status, f"input {i} has {longest} tokens, more than this model's limit of "
-                          f"{self.max_seq_len}; shorten it, or send \"truncate\": true to cut it to the limit",
-                          param=param, code="context_length_exceeded")
-        lengths = [min(n, self.max_seq_len) for n in lengths]
+                          f"{self.max_seq_len}; shorten it, or send \"truncate\": true to cut it to the limit (or "
+                          "\"long_inputs\": \"chunk\" to pool overlapping windows)", param=param,
+                          code="context_length_exceeded")
+        if kind != KIND_CHUNK:
+            lengths = [min(n, self.max_seq_len) for n in lengths]
         limit = self.cfg.max_request_tokens
         if sum(lengths) > limit:
             raise Problem(status, f"request holds {sum(lengths)} tokens, more than this server's limit of {limit} "
                           "(--max-request-tokens); split the request", param=param)
-        return lengths
+        return kind, lengths
 
     async def run(self, kind: bytes, items: list, lengths: list[int]) -> np.ndarray:
         try:
@@ -245,8 +293,8 @@ class RequestHandling:
         raise Problem(status, f"'{param}[{bad}]' is a {type(value[bad]).__name__}; send strings"
                       + (" (or lists of integer token ids)" if allow_ids else ""), param=param)
 
-    async def embeddings(self, kind: bytes, items: list, truncate: bool, param: str, status: int):
-        lengths = await self.count_tokens(items, kind, truncate, param, status)
+    async def embeddings(self, kind: bytes, items: list, policy: str, param: str, status: int):
+        kind, lengths = await self.count_tokens(items, kind, policy, param, status)
         if kind == KIND_IDS:
             items = [ids[: self.max_seq_len] for ids in items]
         return await self.run(kind, items, lengths), sum(lengths)
@@ -267,7 +315,8 @@ class OpenAIRoutes(RequestHandling):
                           param="encoding_format")
         dims = body.get("dimensions")
         kind, items = self.parse_inputs(body["input"], "input", 400)
-        vectors, tokens = await self.embeddings(kind, items, False, "input", 400)
+        policy = self.long_input_policy(body)
+        vectors, tokens = await self.embeddings(kind, items, policy, "input", 400)
         if dims is not None:
             vectors = self.truncate_dims(vectors, dims)
         data = [{"object": "embedding", "index": i,
@@ -290,22 +339,15 @@ class OpenAIRoutes(RequestHandling):
 class TeiRoutes(RequestHandling):
     """Hugging Face text-embeddings-inference's routes, and /info."""
 
-    @staticmethod
-    def flag(body: dict, name: str, default: bool) -> bool:
-        value = body.get(name, default)
-        if not isinstance(value, bool):
-            raise Problem(422, f"'{name}' must be true or false, got {value!r}", param=name)
-        return value
-
     async def tei_embed(self, body: Any):
         if not isinstance(body, dict):
             raise Problem(422, "request body must be a JSON object with 'inputs'")
         self.check_task("embedding", "/embed")
         if "inputs" not in body:
             raise Problem(422, "missing 'inputs'; send a string or a list of strings", param="inputs")
-        normalize, truncate = self.flag(body, "normalize", True), self.flag(body, "truncate", False)
+        normalize, policy = self.flag(body, "normalize", True), self.long_input_policy(body)
         kind, items = self.parse_inputs(body["inputs"], "inputs", 422)
-        vectors, _ = await self.embeddings(kind, items, truncate, "inputs", 413)
+        vectors, _ = await self.embeddings(kind, items, policy, "inputs", 413)
         return (_l2(vectors) if normalize else vectors).tolist()
 
     def parse_predict_inputs(self, value: Any) -> tuple[bool, list]:
@@ -337,7 +379,7 @@ class TeiRoutes(RequestHandling):
         self.check_task("classification", "/predict")
         if "inputs" not in body:
             raise Problem(422, "missing 'inputs'", param="inputs")
-        raw, truncate = self.flag(body, "raw_scores", False), self.flag(body, "truncate", False)
+        raw, policy = self.flag(body, "raw_scores", False), self.long_input_policy(body)
         single, items = self.parse_predict_inputs(body["inputs"])
         kinds = {isinstance(v, list) for v in items}
         if len(kinds) > 1:
@@ -346,7 +388,7 @@ class TeiRoutes(RequestHandling):
         if kind == KIND_PAIR and self.facts["model_info"].get("pair_input") is False:
             raise Problem(422, "this classification model takes a single text, but [text, text] pairs were given; "
                           "send texts", param="inputs")
-        lengths = await self.count_tokens(items, kind, truncate, "inputs", 413)
+        kind, lengths = await self.count_tokens(items, kind, policy, "inputs", 413)
         logits = await self.run(kind, items, lengths)
         from bertopt.runtime.tasks import class_probabilities, label_names
 
@@ -368,10 +410,10 @@ class TeiRoutes(RequestHandling):
         if aggregation not in AGGREGATIONS:
             raise Problem(422, f"'aggregation_strategy' must be one of {', '.join(AGGREGATIONS)}, got "
                           f"{aggregation!r}", param="aggregation_strategy")
-        truncate = self.flag(body, "truncate", False)
+        policy = self.long_input_policy(body)
         single = isinstance(body["inputs"], str)
         _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
-        lengths = await self.count_tokens(texts, KIND_TEXT, truncate, "inputs", 413)
+        _, lengths = await self.count_tokens(texts, KIND_TEXT, policy, "inputs", 413)
         rows = await self.run(KIND_TEXT, texts, lengths)
         per_token = rows.reshape(len(texts), self.max_seq_len, -1)
         logits = [per_token[i, :n] for i, n in enumerate(lengths)]
@@ -388,10 +430,10 @@ class TeiRoutes(RequestHandling):
         if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
             raise Problem(422, "'texts' must be a list of non-empty strings", param="texts")
         self.check_count(len(texts), "texts")
-        raw, truncate = self.flag(body, "raw_scores", False), self.flag(body, "truncate", False)
+        raw, policy = self.flag(body, "raw_scores", False), self.long_input_policy(body)
         return_text = self.flag(body, "return_text", False)
         items = [[query, t] for t in texts]
-        lengths = await self.count_tokens(items, KIND_PAIR, truncate, "texts", 413)
+        _, lengths = await self.count_tokens(items, KIND_PAIR, policy, "texts", 413)
         logits = await self.run(KIND_PAIR, items, lengths)
         from bertopt.runtime.tasks import rerank_scores
 
@@ -410,9 +452,9 @@ class TeiRoutes(RequestHandling):
         self.check_task("sparse-embedding", "/embed_sparse")
         if "inputs" not in body:
             raise Problem(422, "missing 'inputs'; send a string or a list of strings", param="inputs")
-        truncate = self.flag(body, "truncate", False)
+        policy = self.long_input_policy(body)
         kind, items = self.parse_inputs(body["inputs"], "inputs", 422)
-        weights, _ = await self.embeddings(kind, items, truncate, "inputs", 413)
+        weights, _ = await self.embeddings(kind, items, policy, "inputs", 413)
         return [[{"index": i, "value": v} for i, v in zip(s["indices"], s["values"])]
                 for s in sparse_vectors(weights)]
 
@@ -440,7 +482,8 @@ class TeiRoutes(RequestHandling):
                       "rerank": {"reranker": {}}, "sparse-embedding": {"splade": {}}}.get(self.task, {self.task: {}})
         return {"model_id": self.model_id, "model_sha": f["digest"], "model_dtype": f["precision"],
                 "model_type": model_type, "task": self.task, "artifact": f["artifact"], "digest": f["digest"],
-                "max_input_length": self.max_seq_len, "max_batch_tokens": c.max_batch_tokens,
+                "max_input_length": self.max_seq_len, "long_inputs": c.long_inputs,
+                "max_batch_tokens": c.max_batch_tokens,
                 "max_client_batch_size": c.max_client_batch_size, "max_text_chars": c.max_text_chars,
                 "max_request_chars": c.max_request_chars, "max_request_tokens": c.max_request_tokens,
                 "max_request_bytes": c.max_request_bytes, "body_timeout_s": c.body_timeout_s,

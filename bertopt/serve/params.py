@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertopt.errors import UserError
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import MAX_SEQ_LEN, PROVIDER, ConfigFields, Param
+from bertopt.params import LONG_INPUTS, MAX_SEQ_LEN, PROVIDER, ConfigFields, Param
 
 
 def _not_blank(value: str) -> str | None:
@@ -57,8 +57,9 @@ SERVE_CONFIG_PARAMS = [
                           "HTTP (more: an error reply / 413)."),
     MAX_TEXT_CHARS_PARAM,
     MAX_REQUEST_CHARS_PARAM,
-    Param("max_request_tokens", int, 1 << 20, "Most tokens in one request after truncation to --max-seq-len, "
-          "checked before any inference (a mini-job holds at most --max-batch-tokens).", min=1),
+    Param("max_request_tokens", int, 1 << 20, "Most tokens in one request after truncation to --max-seq-len (a "
+          "chunked text: all its tokens), checked before any inference (a mini-job holds at most "
+          "--max-batch-tokens).", min=1),
     Param("body_timeout", float, 30.0, "Seconds an HTTP client may take to send its request body (then 408); a "
           "request is admitted (counted against --max-concurrent-requests) only once its body is read.",
           min=0.001),
@@ -77,6 +78,11 @@ SERVE_CONFIG_PARAMS = [
     Param("priority_batch_size", int, 16, "Requests of at most this many texts go to the priority lane and never "
           "wait behind large requests (0 disables it).", min=0),
     MAX_SEQ_LEN,
+    LONG_INPUTS.with_(default="error", help="HTTP: an input longer than the model's window (--max-seq-len) is an "
+                      "error naming the limit (TEI's behaviour; a request's \"truncate\": true cuts it instead), is "
+                      "truncated, or is chunked: run as overlapping windows pooled by a token-weighted mean (a "
+                      "request's \"long_inputs\" field overrides it). ZeroMQ clients keep bert-as-service's "
+                      "truncation."),
     Param("device_map", str, None, "GPU numbers for the workers, e.g. 0,1 (worker i uses device i mod len); CUDA "
           "only.", check=_gpu_numbers),
     Param("bind", str, "127.0.0.1", "Address to listen on; 0.0.0.0 exposes the server to the network (consider "

@@ -43,6 +43,7 @@ class ServeConfig:
     max_batch_tokens: int = _DEFAULT["max_batch_tokens"]
     priority_batch_size: int = _DEFAULT["priority_batch_size"]
     max_seq_len: int | None = _DEFAULT["max_seq_len"]
+    long_inputs: str = _DEFAULT["long_inputs"]
     device_map: list[int] | None = None
     provider: str = _DEFAULT["provider"]
     threads_per_worker: int | None = _DEFAULT["threads_per_worker"]

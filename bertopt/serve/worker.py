@@ -49,9 +49,11 @@ def run_items(predictor, output: str, kind: bytes, items: list):
     """The output rows for a mini-job's items: texts, [first, second] pairs, or token-id lists."""
     import numpy as np
 
-    from bertopt.serve.batching import KIND_IDS, KIND_PAIR
+    from bertopt.serve.batching import KIND_CHUNK, KIND_IDS, KIND_PAIR
 
-    if kind == KIND_PAIR:
+    if kind == KIND_CHUNK:
+        out = predictor.run(items, outputs=[output], long_inputs="chunk")[output]
+    elif kind == KIND_PAIR:
         out = predictor.run([a for a, _ in items], pairs=[b for _, b in items], outputs=[output])[output]
     elif kind == KIND_IDS:
         out = run_token_ids(predictor, output, items)

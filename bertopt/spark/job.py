@@ -176,7 +176,8 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
                   outputs: Sequence[str] | None = None, prefix: str = "", force: bool = False, ship: bool = False,
                   provider: str = "auto", threads: int | None = None, spark=None,
                   progress: Callable[[int, int], None] | None = None, aggregation: str = "simple",
-                  sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
+                  sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS,
+                  long_inputs: str = "truncate") -> dict[str, Any]:
     """Run the artifact over a table and write Parquet with the input columns plus the predictions."""
     from bertopt.artifact import Artifact
     from bertopt.runtime.tasks import check_aggregation
@@ -187,7 +188,7 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     from bertopt.spark.params import SPARK_PREDICT_PARAMS
 
     check_values(SPARK_PREDICT_PARAMS, {"partitions": partitions, "batch_size": batch_size, "max_seq_len": max_seq_len,
-                                        "max_text_chars": max_text_chars}, "spark-predict")
+                                        "max_text_chars": max_text_chars, "long_inputs": long_inputs}, "spark-predict")
     if _has_scheme(output):
         raise UserError(f"output {output}: spark-predict writes to a local or shared file system path; "
                         "use the Python API (predict_dataframe) to write elsewhere")
@@ -211,12 +212,13 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
                                   pair_col=pair_col, partitions=partitions, batch_size=batch_size,
                                   max_seq_len=max_seq_len, outputs=outputs, prefix=prefix, provider=provider,
                                   threads=threads, ship=ship, progress=progress, aggregation=aggregation,
-                                  sparse_format=sparse_format, max_text_chars=max_text_chars, force=force)
+                                  sparse_format=sparse_format, max_text_chars=max_text_chars, force=force,
+                                  long_inputs=long_inputs)
 
 
 def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, master, text_col, pair_col, partitions,
                        batch_size, max_seq_len, outputs, prefix, provider, threads, ship, progress, aggregation,
-                       sparse_format, max_text_chars, force) -> dict[str, Any]:
+                       sparse_format, max_text_chars, force, long_inputs="truncate") -> dict[str, Any]:
     from bertopt.spark.session import get_session, worker_errors
     from bertopt.spark.udf import check_columns, predict_dataframe, resolve_outputs
 
@@ -234,7 +236,8 @@ def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, mast
     predicted = predict_dataframe(df, art, text_col=text_col, pair_col=pair_col, outputs=outputs, prefix=prefix,
                                   batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                                   threads=threads, ship=ship, counters=counters, aggregation=aggregation,
-                                  sparse_format=sparse_format, max_text_chars=max_text_chars)
+                                  sparse_format=sparse_format, max_text_chars=max_text_chars,
+                                  long_inputs=long_inputs)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(out_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bertopt.messages import MAX_TEXT_CHARS_PARAM
 from bertopt.params import BATCH_SIZE, MAX_SEQ_LEN, Param
-from bertopt.spark.udf import SPARK_PROVIDER
+from bertopt.spark.udf import SPARK_LONG_INPUTS, SPARK_PROVIDER
 
 SPARK_PREDICT_PARAMS = [
     Param("artifact", str, None, "Artifact folder to run (every executor must be able to read it, or pass --ship).",
@@ -22,6 +22,7 @@ SPARK_PREDICT_PARAMS = [
           min=1),
     BATCH_SIZE,
     MAX_SEQ_LEN,
+    SPARK_LONG_INPUTS,
     Param("fmt", str, "auto", "Input format: auto (from the file name), parquet, csv, text.", flag="--format"),
     Param("outputs", list, None, "Comma-separated outputs to add (default: the task's result: the sentence "
           "embedding; logits,label,confidence for classifiers; entities for token classification; score for rerank, "

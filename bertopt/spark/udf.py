@@ -37,12 +37,18 @@ import numpy as np
 
 from bertopt.errors import ArtifactError, UserError
 from bertopt.messages import MAX_TEXT_CHARS, text_problem
-from bertopt.params import PROVIDER
+from bertopt.params import LONG_INPUTS, PROVIDER
 
 # executors run ONNX Runtime on CPU or one GPU per partition (no TensorRT)
 SPARK_PROVIDER = PROVIDER.with_(choices=("auto", "cpu", "cuda"),
                                 help="Execution provider (auto: a GPU per partition when executors have them, "
                                 "else CPU).")
+# a row cannot be refused for its token count (the 'error' column is computed by Spark before the model runs, and
+# raising would fail the whole job), so Spark offers truncate (as before) and chunk
+SPARK_LONG_INPUTS = LONG_INPUTS.with_(choices=("truncate", "chunk"),
+                                      help="A text longer than the model's window (--max-seq-len tokens): truncate "
+                                      "(cut it to the window) or chunk (run it as overlapping windows and pool them: "
+                                      "a token-weighted mean of embeddings or logits; docs/serving.md).")
 
 LOAD_LOG_ENV = "BERTOPT_SPARK_LOAD_LOG"
 CACHE_SIZE = 4  # models kept per worker process (different artifacts, or one per GPU)
@@ -158,6 +164,7 @@ class UdfOptions:
     sparse_format: str = "struct"  # SPLADE: struct<indices, values> or "vector" (Spark ML SparseVector)
     sparse_size: int = 0  # the vocabulary size, for SparseVector
     max_text_chars: int = MAX_TEXT_CHARS  # longer texts get no prediction (text_error says why)
+    long_inputs: str = "truncate"  # a text over the window: truncate or chunk (SPARK_LONG_INPUTS)
 
 
 def task_placement(opts: UdfOptions):
@@ -290,14 +297,15 @@ def predict_rows(predictor, texts: Sequence[Any], pairs: Sequence[Any] | None, o
     needed = list(dict.fromkeys(model_outputs + ([opts.label_source] if derived else [])))
     valid_texts = [texts[i] for i in valid]
     valid_pairs = [pairs[i] for i in valid] if pairs is not None else None
-    run = predictor.run(valid_texts, valid_pairs, outputs=needed, batch_size=opts.batch_size)
+    run = predictor.run(valid_texts, valid_pairs, outputs=needed, batch_size=opts.batch_size,
+                        long_inputs=opts.long_inputs)
     for name in model_outputs:
         column, values = result[name], run[name]
         for j, i in enumerate(valid):
             column[i] = values[j]
     if derived:
         found = results_from_outputs(predictor, opts.task, valid_texts, run[opts.label_source], pairs=valid_pairs,
-                                     aggregation=opts.aggregation)
+                                     aggregation=opts.aggregation, whole=opts.long_inputs == "chunk")
         for name in derived:
             column = result[name]
             for j, i in enumerate(valid):
@@ -458,7 +466,8 @@ def _output_dim(art, name: str) -> int:
 
 def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq_len: int | None, provider: str,
                  threads: int | None, load_log: str | None, aggregation: str = "simple",
-                 sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS) -> UdfOptions:
+                 sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS,
+                 long_inputs: str = "truncate") -> UdfOptions:
     from bertopt.spark.placement import concurrent_tasks_for
     from bertopt.spark.session import worker_reuse_enabled
 
@@ -468,6 +477,7 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
         raise UserError(f"max_text_chars must be at least 1, got {max_text_chars}")
     if provider not in SPARK_PROVIDER.choices:
         raise UserError(f"unknown provider '{provider}'; choose {', '.join(SPARK_PROVIDER.choices)}")
+    long_inputs = SPARK_LONG_INPUTS.coerce(long_inputs, "spark")
     if not worker_reuse_enabled(spark):
         import warnings
 
@@ -492,7 +502,7 @@ def make_options(art, spark, outputs: Sequence[str], *, batch_size: int, max_seq
                       label_source=_task_output(art, task) if task_columns else None,
                       id2label=tuple((str(k), str(v)) for k, v in id2label.items()), task=task,
                       aggregation=aggregation, sparse_format=sparse_format, sparse_size=sparse_size,
-                      max_text_chars=max_text_chars)
+                      max_text_chars=max_text_chars, long_inputs=long_inputs)
 
 
 def check_task_columns(art, pairs: bool) -> None:
@@ -528,7 +538,8 @@ def _active_session(spark):
 def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, max_seq_len: int | None = None,
                 pairs: bool = False, provider: str = "auto", threads: int | None = None, window: int | None = None,
                 spark=None, archive: str | None = None, ship: bool = False, load_log: str | None = None,
-                aggregation: str = "simple", sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS):
+                aggregation: str = "simple", sparse_format: str = "struct", max_text_chars: int = MAX_TEXT_CHARS,
+                long_inputs: str = "truncate"):
     """A column function running an artifact on a text column (or two, for pairs), built on
     ``pyspark.ml.functions.predict_batch_udf``.
 
@@ -545,6 +556,8 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     ``ship=True`` zips and ships the driver's copy itself.
     A row whose text (or pair) is null, empty, not valid UTF-8 or over ``max_text_chars`` characters gets null,
     and its text never reaches Python; ``text_error(text, pair, max_text_chars)`` is the column saying why.
+    ``long_inputs``: a text over the model's window is truncated, or ``"chunk"``: run as overlapping windows and
+    pooled (``Predictor.run``).
     """
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
@@ -556,7 +569,7 @@ def predict_udf(artifact, *, output: str | None = None, batch_size: int = 32, ma
     name = resolve_outputs(art, None)[0] if output is None else resolve_outputs(art, [output])[0]
     opts = make_options(art, spark, [name], batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                         threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format,
-                        max_text_chars=max_text_chars)
+                        max_text_chars=max_text_chars, long_inputs=long_inputs)
     ref = _ref_for(spark, art, archive, ship)
     is_label = name == LABEL
     window = max(batch_size, window or DEFAULT_WINDOW)
@@ -668,7 +681,7 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
                       max_seq_len: int | None = None, provider: str = "auto", threads: int | None = None,
                       archive: str | None = None, ship: bool = False, load_log: str | None = None,
                       counters: dict | None = None, aggregation: str = "simple", sparse_format: str = "struct",
-                      max_text_chars: int = MAX_TEXT_CHARS):
+                      max_text_chars: int = MAX_TEXT_CHARS, long_inputs: str = "truncate"):
     """``df`` with every input column kept, one column per prediction appended (``mapInPandas``), and last an
     ``error`` column (``prefix`` + "error"): null where the row was predicted, else why not (``text_error``: null,
     empty, not valid UTF-8, over ``max_text_chars`` characters), the row's predictions then null.
@@ -695,7 +708,7 @@ def predict_dataframe(df, artifact, *, text_col: str = "text", pair_col: str | N
         raise UserError(f"the input already has a column '{clash[0]}'; choose a --prefix for the prediction columns")
     opts = make_options(art, spark, names, batch_size=batch_size, max_seq_len=max_seq_len, provider=provider,
                         threads=threads, load_log=load_log, aggregation=aggregation, sparse_format=sparse_format,
-                        max_text_chars=max_text_chars)
+                        max_text_chars=max_text_chars, long_inputs=long_inputs)
     ref = _ref_for(spark, art, archive, ship)
     rows_acc = null_acc = None
     if counters is not None:
