@@ -81,9 +81,10 @@ def _serve(config: dict) -> None:
     from bertopt.artifact import Artifact
     from bertopt.serve.server import ServeConfig, serve
 
-    warning = Artifact.load(kwargs["artifact"], verify=False).batch_dependence_warning()
-    if warning:
-        typer.echo(warning, err=True)
+    for artifact in [s.artifact for s in kwargs.get("models") or []] or [kwargs["artifact"]]:
+        warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
+        if warning:
+            typer.echo(warning, err=True)
     # each worker logs "worker i ready" to stderr as it loads; the ready line goes to stdout
     serve(ServeConfig(**kwargs), on_ready=lambda line: print(line, flush=True))
 
@@ -97,7 +98,7 @@ def _client_encode(config: dict) -> None:
     texts, out = config["texts"], config["out"]
     try:
         with Client(config["ip"], config["port"], config["port_out"], timeout=config["timeout"],
-                    curve_keys=config["curve_keys"]) as client:
+                    curve_keys=config["curve_keys"], model=config["model"]) as client:
             vectors = client.encode(texts)
     except (ServerTimeout, ServerError) as exc:
         raise UserError(str(exc)) from None
@@ -118,7 +119,7 @@ def _client_predict(config: dict) -> None:
     texts, pair = config["texts"], config["pair"]
     try:
         with Client(config["ip"], config["port"], config["port_out"], timeout=config["timeout"],
-                    curve_keys=config["curve_keys"]) as client:
+                    curve_keys=config["curve_keys"], model=config["model"]) as client:
             results = client.predict(texts, pair or None, aggregation=config["aggregation"])
     except (ServerTimeout, ServerError) as exc:
         raise UserError(str(exc)) from None
