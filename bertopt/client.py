@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import UserError, require
+from bertopt.protocol import MODEL_PREFIX
 
 
 class ServerTimeout(TimeoutError):
@@ -187,7 +188,7 @@ class Client:
             self._pending[request_id] = (fut, deadline)
             try:
                 frames = [self.identity, payload, b"%d" % request_id, b"%d" % count]
-                self._sender.send_multipart(frames + ([self.model.encode()] if self.model else []))
+                self._sender.send_multipart(frames + ([MODEL_PREFIX + self.model.encode()] if self.model else []))
             except self._zmq.Again:
                 del self._pending[request_id]
                 raise self._timeout_error() from None

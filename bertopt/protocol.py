@@ -48,6 +48,7 @@ SHOW_STATUS = b"SHOW_STATUS"
 COMMANDS = (SHOW_CONFIG, SHOW_STATUS)
 MAX_IDENTITY_BYTES = 255  # ZeroMQ subscription topics longer than this are not client ids
 MAX_MODEL_BYTES = 128  # a model name (``bertopt serve NAME=PATH``)
+MODEL_PREFIX = b"model="  # the optional fifth request frame: model=NAME (bertopt's Client(model=...))
 _REQ_ID = re.compile(rb"^[0-9]{1,20}$")
 
 # internal message tags
@@ -79,7 +80,7 @@ class Request:
     request_id: bytes
     command: bytes | None  # SHOW_CONFIG / SHOW_STATUS, or None for an encode request
     texts: list[str]
-    model: str | None = None  # the model it addresses (an optional fifth frame); None: the server's first
+    model: str | None = None  # the model it addresses (an optional fifth frame model=NAME); None: the first
 
     @property
     def key(self) -> tuple[bytes, bytes]:
@@ -200,14 +201,14 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
     request_id = frames[2]
     if identity.startswith(HTTP_IDENTITY):
         raise ProtocolError("malformed message: client identity reserved for the HTTP front end; dropped")
-    if len(frames) not in (4, 5):
+    if len(frames) != 4 and not (len(frames) == 5 and frames[4].startswith(MODEL_PREFIX)):
         raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count] (and "
-                            f"optionally a model name), got {len(frames)}; use bertopt.client.Client or "
+                            f"optionally a fifth, model=NAME), got {len(frames)}; use bertopt.client.Client or "
                             "bert-serving-client", identity, request_id)
     if not _REQ_ID.match(request_id):
         raise ProtocolError(f"malformed request: request id {request_id[:40]!r} is not a decimal number; "
                             "number requests 1, 2, 3, ...", identity, request_id)
-    model = _model_frame(frames[4], identity, request_id) if len(frames) == 5 else None
+    model = _model_frame(frames[4][len(MODEL_PREFIX):], identity, request_id) if len(frames) == 5 else None
     payload = frames[1]
     if payload in COMMANDS:
         return Request(identity, request_id, payload, [], model)
@@ -245,7 +246,7 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
 
 
 def _model_frame(frame: bytes, identity: bytes, request_id: bytes) -> str:
-    """The optional fifth frame: the name of the model a request addresses."""
+    """The name in the optional fifth frame (model=NAME): the model a request addresses."""
     try:
         name = frame.decode("utf-8")
     except UnicodeDecodeError:
