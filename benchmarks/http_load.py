@@ -15,6 +15,17 @@ Measures, in one run on the same cores (ratios, because the machine is shared):
      under the flood <= 3x idle p99); the server is then killed rather than left to finish the flood.
 The default artifact is all-MiniLM-L6-v2 exported to ONNX (built under artifacts/bench/ if absent).
 Prints a table and writes benchmarks/results/http_load.json.
+
+    .venv/bin/python benchmarks/http_load.py --two-models [--artifact DIR] [--cross-encoder DIR]
+
+Two models on one fleet (``bertopt serve embed=EMB rerank=CE``, one worker each): the embedder and a MiniLM-L6
+cross-encoder (the all-MiniLM-L6-v2 encoder with a seeded one-logit head, exported with --task rerank: the compute
+of ms-marco-MiniLM-L-6-v2; built under artifacts/bench/ if absent). Measures, in one run:
+  1. each model's one-request latency (/embed one sentence; /rerank one query with one passage) on the idle fleet,
+     then while the *other* model is flooded (``--flood-size`` texts in flight) -> p99 ratio (target <= 3x);
+  2. total throughput: both workloads sent at once over HTTP, against the two artifacts run one after the other
+     in-process with all cores (target >= 0.85x).
+Writes benchmarks/results/http_load_two_models.json.
 """
 
 from __future__ import annotations
@@ -144,6 +155,201 @@ def overload(url: str, n: int) -> dict:
             "admitted_max_s": max(ok) if ok else None, "rejected_p99_ms": pct(rejected, 99)}
 
 
+def ensure_cross_encoder(path: Path):
+    """A MiniLM-L6 cross-encoder artifact: the built-in all-MiniLM-L6-v2 encoder under a seeded one-logit head (a
+    reranker's exact compute; its scores mean nothing), exported by ``bertopt export --task rerank``."""
+    from bertopt.artifact import is_artifact
+
+    if is_artifact(path):
+        from bertopt.artifact import Artifact
+
+        return Artifact.load(path)
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from bertopt.registry import run_stage
+    from bertopt.sources import resolve_source
+
+    print(f"building {path} (all-MiniLM-L6-v2 + a seeded rerank head, bertopt export --task rerank) ...",
+          flush=True)
+    src = resolve_source("builtin:minilm").path
+    hf = path.parent / (path.name + "-hf")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(src, num_labels=1).eval()
+    model.save_pretrained(hf)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (Path(src) / name).exists():
+            shutil.copy(Path(src) / name, hf / name)
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2))
+    art = run_stage("export", hf, {"task": "rerank"}, path)
+    shutil.rmtree(hf)
+    return art
+
+
+def start_fleet(models: dict[str, Path], log_dir: Path):
+    port = free_port()
+    out = log_dir / "http_load_two_models.server.out"
+    proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "serve", *(f"{n}={p}" for n, p in models.items()),
+                             "--no-zmq", "--http-port", str(port), "--num-worker", "1", "--request-timeout", "600",
+                             "--max-concurrent-requests", "512"],
+                            stdout=open(out, "w"), stderr=open(log_dir / "http_load_two_models.server.err", "w"),
+                            stdin=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.monotonic() + 300
+    while "ready on" not in out.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"server did not start: {(log_dir / 'http_load_two_models.server.err').read_text()}")
+        time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+QUERY = "how do I serve several models on one machine?"
+
+
+def _post_ok(client, url: str, route: str, body: dict):
+    r = client.post(url + route, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _one_request(model: str, client, url: str, i: int) -> None:
+    if model == "embed":
+        _post_ok(client, url, "/embed", {"inputs": f"Is this sentence number {i} fast?"})
+    else:
+        _post_ok(client, url, "/rerank", {"query": QUERY, "texts": [f"passage number {i} about serving"]})
+
+
+def _flood_request(model: str, client, url: str, texts: list[str]) -> None:
+    if model == "embed":
+        _post_ok(client, url, "/embed", {"inputs": texts})
+    else:
+        _post_ok(client, url, "/rerank", {"query": QUERY, "texts": texts})
+
+
+def probe_model(model: str, url: str, n: int, gap_s: float) -> list[float]:
+    import httpx
+
+    lat = []
+    with httpx.Client(timeout=120) as client:
+        for i in range(n):
+            t0 = time.perf_counter()
+            _one_request(model, client, url, i)
+            lat.append(time.perf_counter() - t0)
+            time.sleep(gap_s)
+    return lat
+
+
+def probe_under_flood(probed: str, flooded: str, url: str, flood_size: int, flood_request: int, probes: int):
+    """``probed``'s one-request latencies while flooders keep ``flood_size`` texts of ``flooded`` in flight; the
+    flood is then stopped and drained (its in-flight requests answered) before returning."""
+    import httpx
+
+    stop = threading.Event()
+    answered = [0]
+
+    def flooder(k: int):
+        with httpx.Client(timeout=900) as client:
+            while not stop.is_set():
+                _flood_request(flooded, client, url, corpus(flood_request, offset=k * 7919 + answered[0]))
+                answered[0] += flood_request
+
+    threads = [threading.Thread(target=flooder, args=(k,), daemon=True)
+               for k in range(max(1, flood_size // flood_request))]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # let the flood fill the queue
+    lat = probe_model(probed, url, probes, 0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    return lat, answered[0]
+
+
+def two_models(args) -> None:
+    import httpx
+
+    from bertopt.runtime import Predictor
+    from bertopt.runtime.backends import default_threads
+
+    cores = default_threads()
+    arts = {"embed": ensure_artifact(args.artifact), "rerank": ensure_cross_encoder(args.cross_encoder)}
+    embed_texts = corpus(args.fleet_texts, offset=5)
+    passages = corpus(args.fleet_texts, offset=501)
+    embedder, reranker = Predictor(arts["embed"], threads=cores), Predictor(arts["rerank"], threads=cores)
+    embedder.encode(corpus(32))
+    reranker.predict([QUERY] * 32, corpus(32))
+
+    def inprocess() -> float:
+        t0 = time.perf_counter()
+        embedder.encode(embed_texts)
+        reranker.predict([QUERY] * len(passages), passages)
+        return (len(embed_texts) + len(passages)) / (time.perf_counter() - t0)
+
+    inproc_runs = [inprocess()]
+    print(f"in-process, one after the other: {inproc_runs[0]:.1f} texts/s ({len(embed_texts)} texts + "
+          f"{len(passages)} pairs, {cores} threads)", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    proc, url = start_fleet({n: a.path for n, a in arts.items()}, args.out.parent)
+    try:
+        with httpx.Client(timeout=120) as warm:
+            got = np.array(_post_ok(warm, url, "/embed", {"inputs": corpus(16), "normalize": False}))
+            np.testing.assert_allclose(got, embedder.encode(corpus(16)), atol=1e-4)  # same runtime, same values
+            ranked = _post_ok(warm, url, "/rerank", {"query": QUERY, "texts": corpus(16)})
+            assert [r["index"] for r in ranked] == [r["index"] for r in reranker.rerank(QUERY, corpus(16))]
+            info = warm.get(url + "/info").json()
+        idle = {m: probe_model(m, url, args.probes, 0.05) for m in ("embed", "rerank")}
+        flooded, flood_answered = {}, {}
+        for probed, other in (("rerank", "embed"), ("embed", "rerank")):
+            flooded[probed], flood_answered[other] = probe_under_flood(probed, other, url, args.flood_size,
+                                                                       args.flood_request, args.probes)
+            print(f"{probed} probed while {other} flooded ({flood_answered[other]} texts answered)", flush=True)
+
+        def send(model: str, texts: list[str], client) -> None:
+            _flood_request(model, client, url, texts)
+
+        chunks = [("embed", embed_texts[i:i + 64]) for i in range(0, len(embed_texts), 64)]
+        chunks += [("rerank", passages[i:i + 64]) for i in range(0, len(passages), 64)]
+
+        def one(job):
+            with httpx.Client(timeout=900) as client:
+                send(job[0], job[1], client)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(chunks)) as pool:
+            list(pool.map(one, chunks))
+        server_tps = (len(embed_texts) + len(passages)) / (time.perf_counter() - t0)
+        print(f"fleet, both at once: {server_tps:.1f} texts/s", flush=True)
+    finally:
+        stop_server(proc)
+    inproc_runs.append(inprocess())
+    inproc_tps = float(np.mean(inproc_runs))
+    rows = []
+    for m in ("embed", "rerank"):
+        rows.append({"model": m, "idle_p50_ms": pct(idle[m], 50), "idle_p99_ms": pct(idle[m], 99),
+                     "other_flooded_p50_ms": pct(flooded[m], 50), "other_flooded_p99_ms": pct(flooded[m], 99),
+                     "p99_ratio": pct(flooded[m], 99) / pct(idle[m], 99)})
+    result = {"artifacts": {m: str(a.path) for m, a in arts.items()}, "cores": cores,
+              "workers_per_model": 1, "threads_per_worker": [m["runtime"]["threads"] for m in info["models"]],
+              "probes": args.probes, "flood_size": args.flood_size, "flood_request": args.flood_request,
+              "flood_texts_answered": flood_answered, "latency": rows, "latency_target": 3.0,
+              "inprocess_texts_per_s": inproc_tps, "inprocess_runs": inproc_runs, "fleet_texts_per_s": server_tps,
+              "throughput_ratio": server_tps / inproc_tps, "throughput_target": 0.85,
+              "workload": {"embed_texts": len(embed_texts), "rerank_pairs": len(passages), "request_texts": 64}}
+    print()
+    print(f"{'model':>7} {'idle p50':>9} {'idle p99':>9} {'flooded p50':>12} {'flooded p99':>12} {'p99 ratio':>10}")
+    for r in rows:
+        print(f"{r['model']:>7} {r['idle_p50_ms']:>9.1f} {r['idle_p99_ms']:>9.1f} {r['other_flooded_p50_ms']:>12.1f} "
+              f"{r['other_flooded_p99_ms']:>12.1f} {r['p99_ratio']:>10.2f}")
+    print("(ms; 'flooded': while the other model has the flood in flight; target p99 ratio <= 3)")
+    print(f"throughput  in-process (both, one after the other) {inproc_tps:8.1f} texts/s | fleet (both at once) "
+          f"{server_tps:8.1f} texts/s | ratio {result['throughput_ratio']:.2f} (target >= 0.85)")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", type=Path, default=REPO / "artifacts/bench/minilm-onnx")
@@ -155,9 +361,18 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=150)
     ap.add_argument("--max-concurrent", type=int, default=32)
     ap.add_argument("--overload", type=int, default=96)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/http_load.json")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/http_load.json "
+                    "(--two-models: http_load_two_models.json)")
+    ap.add_argument("--two-models", action="store_true", help="the two-model fleet run (embedder + cross-encoder)")
+    ap.add_argument("--cross-encoder", type=Path, default=REPO / "artifacts/bench/minilm-ce-onnx")
+    ap.add_argument("--fleet-texts", type=int, default=1024, help="--two-models: texts and pairs of the "
+                    "throughput workload (each)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.two_models:
+        args.out = args.out or REPO / "benchmarks/results/http_load_two_models.json"
+        return two_models(args)
+    args.out = args.out or REPO / "benchmarks/results/http_load.json"
     import httpx
 
     from bertopt.runtime import Predictor
