@@ -223,10 +223,11 @@ def _one_request(model: str, client, url: str, i: int) -> None:
 
 
 def _flood_request(model: str, client, url: str, texts: list[str]) -> None:
+    """Corpus lines may be longer than the model's window: cut to it, as the in-process Predictor does."""
     if model == "embed":
-        _post_ok(client, url, "/embed", {"inputs": texts})
+        _post_ok(client, url, "/embed", {"inputs": texts, "truncate": True})
     else:
-        _post_ok(client, url, "/rerank", {"query": QUERY, "texts": texts})
+        _post_ok(client, url, "/rerank", {"query": QUERY, "texts": texts, "truncate": True})
 
 
 def probe_model(model: str, url: str, n: int, gap_s: float) -> list[float]:
@@ -295,9 +296,9 @@ def two_models(args) -> None:
     proc, url = start_fleet({n: a.path for n, a in arts.items()}, args.out.parent)
     try:
         with httpx.Client(timeout=120) as warm:
-            got = np.array(_post_ok(warm, url, "/embed", {"inputs": corpus(16), "normalize": False}))
+            got = np.array(_post_ok(warm, url, "/embed", {"inputs": corpus(16), "normalize": False, "truncate": True}))
             np.testing.assert_allclose(got, embedder.encode(corpus(16)), atol=1e-4)  # same runtime, same values
-            ranked = _post_ok(warm, url, "/rerank", {"query": QUERY, "texts": corpus(16)})
+            ranked = _post_ok(warm, url, "/rerank", {"query": QUERY, "texts": corpus(16), "truncate": True})
             assert [r["index"] for r in ranked] == [r["index"] for r in reranker.rerank(QUERY, corpus(16))]
             info = warm.get(url + "/info").json()
         idle = {m: probe_model(m, url, args.probes, 0.05) for m in ("embed", "rerank")}
