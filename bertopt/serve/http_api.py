@@ -574,7 +574,7 @@ def build_app(front):
                     chosen = router.pick(payload, route, tasks, style)
                     model, run = chosen.model_id, getattr(chosen, handler)
                 if admit:
-                    if not front.ready or not front.workers_ready():
+                    if not front.ready or not front.workers_ready(model or None):
                         raise Problem(503, "the server is loading its workers; retry shortly",
                                       headers={"Retry-After": "1"})
                     if front.in_flight >= front.cfg.max_concurrent_requests:
@@ -613,9 +613,14 @@ def build_app(front):
 
     async def health():
         ready = front.workers_ready()
-        if front.ready and ready:
+        # ready when every model has a worker (a fleet of several models answers for all of them or is not ready)
+        missing = [name for name in router.apis if not front.workers_ready(name)]
+        if front.ready and not missing:
             return {"status": "ok", "workers_ready": ready}
-        return _json({"status": "loading" if not front.ready else "no worker ready", "workers_ready": ready}, 503)
+        status = "loading" if not front.ready else "no worker ready"
+        if front.ready and ready:  # a fleet of several models, some of them without a live worker
+            status += " for " + ", ".join(missing)
+        return _json({"status": status, "workers_ready": ready}, 503)
 
     async def prometheus():
         data, content_type = metrics.render()
