@@ -266,7 +266,8 @@ def probe_under_flood(probed: str, flooded: str, url: str, flood_size: int, floo
         with httpx.Client(timeout=900) as client:
             while not stop.is_set():
                 start = (k * 7919 + answered[0]) % len(pool)
-                answered[0] += _flood_request(flooded, client, url, (pool + pool)[start:start + flood_request])
+                n = _flood_request(flooded, client, url, (pool + pool)[start:start + flood_request])
+                answered[0] += n  # after the call: the threads' sums must not read a stale total
 
     threads = [threading.Thread(target=flooder, args=(k,), daemon=True)
                for k in range(max(1, flood_size // flood_request))]
@@ -280,9 +281,10 @@ def probe_under_flood(probed: str, flooded: str, url: str, flood_size: int, floo
     return lat, answered[0]
 
 
-def steady_load(url: str, pools: dict[str, list[str]], seconds: float) -> tuple[dict[str, int], float]:
-    """Both models kept busy (two clients each, 32-text requests) for ``seconds``, then drained: the texts each
-    answered and the time from the first request to the last answer."""
+def steady_load(url: str, pools: dict[str, list[str]], seconds: float, clients: int) -> tuple[dict[str, int], float]:
+    """Both models kept busy (``clients`` each, 32-text requests: enough that a model's queue is never empty while
+    a reply travels back and the next request comes in) for ``seconds``, then drained: the texts each answered
+    and the time from the first request to the last answer."""
     import httpx
 
     stop = threading.Event()
@@ -300,7 +302,7 @@ def steady_load(url: str, pools: dict[str, list[str]], seconds: float) -> tuple[
                     answered[model] += n
                 i += 1
 
-    threads = [threading.Thread(target=client_loop, args=(m, k)) for m in pools for k in range(2)]
+    threads = [threading.Thread(target=client_loop, args=(m, k)) for m in pools for k in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -366,7 +368,7 @@ def two_models(args) -> None:
             list(pool.map(one, chunks))
         fixed_s = time.perf_counter() - t0
         print(f"fleet, both workloads at once: {fixed_s:.1f} s", flush=True)
-        steady, steady_s = steady_load(url, pools, args.steady_s)
+        steady, steady_s = steady_load(url, pools, args.steady_s, args.steady_clients)
         print(f"fleet, both models kept busy for {steady_s:.1f} s: {steady}", flush=True)
     finally:
         stop_server(proc)
@@ -388,7 +390,8 @@ def two_models(args) -> None:
               "fixed": {"embed_texts": len(embed_texts), "rerank_pairs": len(passages), "request_texts": 64,
                         "fleet_s": fixed_s, "inprocess_s": fixed_inproc_s, "ratio": fixed_inproc_s / fixed_s},
               "steady": {"answered": steady, "fleet_s": steady_s, "inprocess_s": steady_inproc_s,
-                         "ratio": steady_inproc_s / steady_s, "clients_per_model": 2, "request_texts": 32},
+                         "ratio": steady_inproc_s / steady_s, "clients_per_model": args.steady_clients,
+                         "request_texts": 32},
               "throughput_ratio": steady_inproc_s / steady_s, "throughput_target": 0.85}
     print()
     print(f"{'model':>7} {'idle p50':>9} {'idle p99':>9} {'flooded p50':>12} {'flooded p99':>12} {'p99 ratio':>10}")
@@ -423,6 +426,8 @@ def main() -> None:
     ap.add_argument("--fleet-texts", type=int, default=1024, help="--two-models: texts and pairs of the fixed "
                     "throughput workload (each)")
     ap.add_argument("--steady-s", type=float, default=40.0, help="--two-models: seconds both models are kept busy")
+    ap.add_argument("--steady-clients", type=int, default=4, help="--two-models: clients per model in the steady "
+                    "load")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.two_models:

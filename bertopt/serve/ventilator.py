@@ -209,8 +209,8 @@ class WorkerPool:
             self.spawn(slot)
         return lost
 
-    def any_alive(self) -> bool:
-        return any(s.proc is not None for s in self.slots)
+    def any_alive(self, model: str | None = None) -> bool:
+        return any(s.proc is not None for s in self.slots if model in (None, s.model))
 
     def live(self, model: str | None = None) -> list[WorkerSlot]:
         return [s for s in self.slots if s.ready and s.proc is not None and model in (None, s.model)]
@@ -403,9 +403,12 @@ class Scheduler:
             else:
                 self._return(queues.bulk, job)
 
-    def drain(self) -> list[Piece]:
+    def drain(self, model: str | None = None) -> list[Piece]:
+        """Every queued piece (of ``model``, or of all models), taken out of the queues."""
         pieces = []
-        for queues in self.queues.values():
+        for name, queues in self.queues.items():
+            if model not in (None, name):
+                continue
             for q in (queues.priority, queues.bulk):
                 while q:
                     pieces.append(q.pop())
@@ -659,6 +662,11 @@ class Ventilator:
             for piece in self.scheduler.drain():
                 self.fail_request(piece.key, f"no worker can run: {self.failure}")
             return False
+        for model in self.scheduler.queues:  # a fleet of several models serves on without one whose workers stopped
+            if not self.pool.any_alive(model):
+                for piece in self.scheduler.drain(model):
+                    self.fail_request(piece.key, f"every worker of model {model!r} stopped (they failed to start; "
+                                                 "see the server log); its requests cannot be answered")
         return True
 
     def stop_workers(self, timeout_s: float) -> None:
