@@ -575,8 +575,11 @@ def build_app(front):
                     model, run = chosen.model_id, getattr(chosen, handler)
                 if admit:
                     if not front.ready or not front.workers_ready(model or None):
-                        raise Problem(503, "the server is loading its workers; retry shortly",
-                                      headers={"Retry-After": "1"})
+                        message = "the server is loading its workers; retry shortly"
+                        if front.ready and model and front.workers_ready():  # the fleet runs, this model does not
+                            message = (f"no worker of model '{model}' is running (restarting, or stopped after "
+                                       "failing to start: see /health and the server log); retry shortly")
+                        raise Problem(503, message, headers={"Retry-After": "1"})
                     if front.in_flight >= front.cfg.max_concurrent_requests:
                         raise Problem(429, f"the server is at its limit of {front.cfg.max_concurrent_requests} "
                                       "concurrent requests (--max-concurrent-requests); retry after a second",

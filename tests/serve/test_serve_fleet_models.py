@@ -248,3 +248,37 @@ def test_status_json_lists_the_models_of_a_fleet(fleet, cli):
     code, out, err = cli("serve", "--status", "--json", "--port", fleet.port, "--port-out", fleet.port_out)
     assert code == 0, err
     assert [m["name"] for m in json.loads(out)["models"]] == list(NAMES)
+
+
+def test_a_model_whose_workers_stop_fails_its_requests_and_the_other_model_serves_on(arts, predictors, start_server,
+                                                                                       tmp_path):
+    """The reranker's artifact is swapped on disk and its one worker killed: the restarts refuse it, the model is
+    left without workers, its requests get an error (not a timeout), /health names it, the embedder serves on."""
+    import os
+    import signal
+    import time
+
+    from test_serve_worker_verify_restart import _swap_model
+
+    from bertopt.client import ServerError
+
+    folder = tmp_path / "rerank"
+    shutil.copytree(arts["rerank"].path, folder)
+    server = start_server(f"embed={arts['embed'].path}", f"rerank={folder}", num_worker=1, http=True)
+    with server.client() as client:
+        victim = next(w["pid"] for w in client.status()["workers"] if w["model"] == "rerank")
+        _swap_model(folder, update_manifest=True)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while "leaving it stopped" not in server.log():
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
+            time.sleep(0.2)
+        with server.client(model="rerank") as rerank:
+            with pytest.raises(ServerError, match="every worker of model 'rerank' stopped"):
+                rerank.predict([QUERY], TASK_TEXTS[:1])
+        got = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": ["a"]}, timeout=60)
+        assert got.status_code == 503 and got.json()["error"].startswith("no worker of model 'rerank' is running")
+        health = httpx.get(server.url + "/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "no worker ready for rerank"
+        _within(client.encode(TASK_TEXTS), predictors["embed"].encode(TASK_TEXTS), arts["embed"])
+    assert server.terminate() == 0
