@@ -154,7 +154,7 @@ def test_unknown_model_is_404_and_a_model_of_another_task_is_400_naming_the_righ
         "(embedding), rerank (rerank), cls (classification))")
 
 
-def test_zeromq_clients_address_a_model_and_bert_serving_client_gets_the_first(fleet, arts, predictors):
+def test_zeromq_clients_address_a_model_and_bert_serving_client_gets_the_first(fleet, arts, predictors, cli):
     from bert_serving.client import BertClient
 
     from bertopt.client import ServerError
@@ -179,6 +179,13 @@ def test_zeromq_clients_address_a_model_and_bert_serving_client_gets_the_first(f
             client.encode(["the cat"])
     with BertClient(ip="127.0.0.1", port=fleet.port, port_out=fleet.port_out, timeout=60000) as bc:
         _within(bc.encode(TASK_TEXTS), predictors["embed"].encode(TASK_TEXTS), arts["embed"])
+    where = ("--port", fleet.port, "--port-out", fleet.port_out)
+    code, out, err = cli("client", "predict", QUERY, "--pair", TASK_TEXTS[0], "--model", "rerank", *where)
+    assert code == 0, err
+    assert json.loads(out)["result"] == pytest.approx(predictors["rerank"].predict([QUERY], TASK_TEXTS[:1])[0],
+                                                      abs=1e-6)
+    code, _, err = cli("client", "encode", "the cat", "--model", "cls", *where)
+    assert code == 2 and "model 'cls' is a classification model, which has no sentence embeddings" in err
 
 
 def test_a_flood_on_the_embedder_leaves_the_reranker_answering(fleet, arts, predictors):
@@ -282,3 +289,42 @@ def test_a_model_whose_workers_stop_fails_its_requests_and_the_other_model_serve
         assert health.status_code == 503 and health.json()["status"] == "no worker ready for rerank"
         _within(client.encode(TASK_TEXTS), predictors["embed"].encode(TASK_TEXTS), arts["embed"])
     assert server.terminate() == 0
+
+
+def test_every_task_and_tokenizer_kind_on_one_fleet(task_artifact, start_server):
+    """A token classifier (BERT WordPiece), a SPLADE model (BERT), a classifier (RoBERTa BPE) and a reranker
+    (DeBERTa-v2 SentencePiece) on one fleet: each request is counted with its own model's tokenizer and answered
+    by its own model, equal to the in-process Predictor (the tasks' results, scores to 1e-5)."""
+    models = {"ner": task_artifact("token-classification")[1], "splade": task_artifact("sparse-embedding")[1],
+              "cls": task_artifact("classification", "roberta")[1], "ce": task_artifact("rerank", "deberta-v2")[1]}
+    server = start_server(*(f"{n}={a.path}" for n, a in models.items()), "--no-zmq", num_worker=1, http=True)
+    pred = {n: Predictor(a, threads=1) for n, a in models.items()}
+    texts = ["hello world the quick brown fox", "serving models over http", "a third text"]  # 3: TEI reads 2 as a pair
+
+    ner = httpx.post(server.url + "/predict", json={"inputs": texts, "aggregation_strategy": "first"},
+                     timeout=60).json()  # /predict: the first classification or token-classification model
+    want = pred["ner"].predict(texts, aggregation="first")
+    assert any(want) and [[e["word"] for e in g] for g in ner] == [[e["word"] for e in w] for w in want]
+    np.testing.assert_allclose([e["score"] for g in ner for e in g], [e["score"] for w in want for e in w],
+                               atol=1e-5)
+
+    cls = httpx.post(server.url + "/predict", json={"inputs": texts, "model": "cls"}, timeout=60).json()
+    want = pred["cls"].predict(texts)
+    assert [row[0]["label"] for row in cls] == [w["label"] for w in want]
+    np.testing.assert_allclose([row[0]["score"] for row in cls], [w["score"] for w in want], atol=1e-5)
+
+    sparse = httpx.post(server.url + "/embed_sparse", json={"inputs": texts}, timeout=60).json()
+    for g, w in zip(sparse, pred["splade"].predict(texts)):
+        assert [d["index"] for d in g] == w["indices"]
+        np.testing.assert_allclose([d["value"] for d in g], w["values"], atol=1e-5)
+
+    ranked = httpx.post(server.url + "/rerank", json={"query": texts[0], "texts": texts, "model": "ce"},
+                        timeout=60).json()
+    want = pred["ce"].rerank(texts[0], texts)
+    assert [d["index"] for d in ranked] == [d["index"] for d in want]
+    np.testing.assert_allclose([d["score"] for d in ranked], [d["score"] for d in want], atol=1e-5)
+
+    tokens = httpx.post(server.url + "/tokenize", json={"inputs": "hello world", "model": "cls"}, timeout=60).json()
+    assert [t["id"] for t in tokens[0]] == pred["cls"].tokenize(["hello world"])[0].ids  # RoBERTa's ids, not BERT's
+    wrong = httpx.post(server.url + "/embed", json={"inputs": "x"}, timeout=30)
+    assert wrong.status_code == 400 and "none of this server's models is one" in wrong.json()["error"]
