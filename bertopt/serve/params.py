@@ -88,7 +88,7 @@ SERVE_FIELDS = ConfigFields(SERVE_CONFIG_PARAMS, {"grace": "grace_s", "body_time
 SERVE_PARAMS = [
     Param("artifact", list, None, "Artifact folder(s) to serve on one fleet; NAME=PATH names a model (default: "
           "the folder's name), the first is the default model (not needed with --status or --make-curve-keys).",
-          positional=True, metavar="ARTIFACT..."),
+          positional=True),
     Param("models", str, None, "A YAML file listing the models to serve (name -> artifact, or name -> {artifact, "
           "workers, threads}); with or instead of ARTIFACT.", file=True),
     *SERVE_CONFIG_PARAMS,
@@ -142,4 +142,4 @@ def serve_config_kwargs(config: dict) -> dict:
     out["device_map"] = device_map(out["device_map"])
     if len(specs) == 1 and specs[0].num_worker is None and specs[0].threads is None:
         return {"artifact": specs[0].artifact, "name": specs[0].name, **out}
-    return {"artifact": specs[0].artifact, "models": specs, **out}
+    return {"models": specs, **out}

@@ -38,7 +38,7 @@ _DEFAULT = SERVE_FIELDS.defaults()  # ServeConfig's defaults are its Params' (se
 
 @dataclass
 class ServeConfig:
-    artifact: str
+    artifact: str | None = None  # the one model's folder (several: ``models``)
     port: int = _DEFAULT["port"]
     port_out: int = _DEFAULT["port_out"]
     bind: str = _DEFAULT["bind"]
@@ -73,6 +73,8 @@ class ServeConfig:
         """The served models, the first the default: ``models``, or the one ``artifact``."""
         if self.models:
             return list(self.models)
+        if not self.artifact:
+            raise UserError("serve: no artifact; give artifact= (one model) or models=[ModelSpec(name, artifact)]")
         return [ModelSpec(self.name or Path(self.artifact).resolve().name, self.artifact)]
 
     def workers_of(self, spec: ModelSpec) -> int:
