@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.errors import UserError, require
+from bertopt.protocol import MODEL_PREFIX
 
 
 class ServerTimeout(TimeoutError):
@@ -50,9 +51,12 @@ class ServerBusy(ServerTimeout):
 
 class Client:
     def __init__(self, ip: str = "127.0.0.1", port: int = 5555, port_out: int = 5556,
-                 timeout: float | None = 60.0, identity: str | None = None, curve_keys: str | None = None):
+                 timeout: float | None = 60.0, identity: str | None = None, curve_keys: str | None = None,
+                 model: str | None = None):
+        """``model``: the served model this client's requests address (a server of several; default its first)."""
         zmq = require("zmq", "serve", "bertopt.client")
         self._zmq = zmq
+        self.model = model
         self.ip, self.port, self.port_out, self.timeout = ip, port, port_out, timeout
         self.identity = (identity or str(uuid.uuid4())).encode()
         self._ctx = zmq.Context()
@@ -190,7 +194,8 @@ class Client:
             deadline = time.monotonic() + self.timeout if self.timeout is not None else float("inf")
             self._pending[request_id] = (fut, deadline)
             try:
-                self._sender.send_multipart([self.identity, payload, b"%d" % request_id, b"%d" % count])
+                frames = [self.identity, payload, b"%d" % request_id, b"%d" % count]
+                self._sender.send_multipart(frames + ([MODEL_PREFIX + self.model.encode()] if self.model else []))
             except self._zmq.Again:
                 del self._pending[request_id]
                 raise self._timeout_error() from None

@@ -47,6 +47,8 @@ SHOW_CONFIG = b"SHOW_CONFIG"
 SHOW_STATUS = b"SHOW_STATUS"
 COMMANDS = (SHOW_CONFIG, SHOW_STATUS)
 MAX_IDENTITY_BYTES = 255  # ZeroMQ subscription topics longer than this are not client ids
+MAX_MODEL_BYTES = 128  # a model name (``bertopt serve NAME=PATH``)
+MODEL_PREFIX = b"model="  # the optional fifth request frame: model=NAME (bertopt's Client(model=...))
 _REQ_ID = re.compile(rb"^[0-9]{1,20}$")
 
 # internal message tags
@@ -78,6 +80,7 @@ class Request:
     request_id: bytes
     command: bytes | None  # SHOW_CONFIG / SHOW_STATUS, or None for an encode request
     texts: list[str]
+    model: str | None = None  # the model it addresses (an optional fifth frame model=NAME); None: the first
 
     @property
     def key(self) -> tuple[bytes, bytes]:
@@ -198,16 +201,17 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
     request_id = frames[2]
     if identity.startswith(HTTP_IDENTITY):
         raise ProtocolError("malformed message: client identity reserved for the HTTP front end; dropped")
-    if len(frames) != 4:
-        raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count], "
-                            f"got {len(frames)}; use bertopt.client.Client or bert-serving-client",
-                            identity, request_id)
+    if len(frames) != 4 and not (len(frames) == 5 and frames[4].startswith(MODEL_PREFIX)):
+        raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count] (and "
+                            f"optionally a fifth, model=NAME), got {len(frames)}; use bertopt.client.Client or "
+                            "bert-serving-client", identity, request_id)
     if not _REQ_ID.match(request_id):
         raise ProtocolError(f"malformed request: request id {request_id[:40]!r} is not a decimal number; "
                             "number requests 1, 2, 3, ...", identity, request_id)
+    model = _model_frame(frames[4][len(MODEL_PREFIX):], identity, request_id) if len(frames) == 5 else None
     payload = frames[1]
     if payload in COMMANDS:
-        return Request(identity, request_id, payload, [])
+        return Request(identity, request_id, payload, [], model)
     try:
         texts = decode_json(payload, max_bytes, "a JSON list of strings")
     except RequestError as exc:
@@ -227,7 +231,7 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
             raise ProtocolError(f"malformed predict request: {problem}", identity, request_id)
         pairs = [i["pair"] for i in texts] if "pair" in texts[0] else None
         _check_sizes([i["text"] for i in texts], limits, identity, request_id, pairs)
-        return Request(identity, request_id, None, texts)
+        return Request(identity, request_id, None, texts, model)
     for i, text in enumerate(texts):
         if isinstance(text, str):
             continue
@@ -238,7 +242,20 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
         raise ProtocolError(f"text {i} is a {type(text).__name__} ({_preview(text)}), not a string; "
                             "send a JSON list of strings", identity, request_id)
     _check_sizes(texts, limits, identity, request_id)
-    return Request(identity, request_id, None, texts)
+    return Request(identity, request_id, None, texts, model)
+
+
+def _model_frame(frame: bytes, identity: bytes, request_id: bytes) -> str:
+    """The name in the optional fifth frame (model=NAME): the model a request addresses."""
+    try:
+        name = frame.decode("utf-8")
+    except UnicodeDecodeError:
+        name = ""
+    if not name or len(frame) > MAX_MODEL_BYTES or not name.isprintable():
+        raise ProtocolError(f"malformed request: model frame {frame[:40]!r} is not a model name (1-"
+                            f"{MAX_MODEL_BYTES} printable UTF-8 bytes); see the server's status for its models",
+                            identity, request_id)
+    return name
 
 
 def _check_sizes(texts, limits, identity, request_id, pairs=None) -> None:

@@ -193,3 +193,21 @@ def test_static_int8_script_smoke(tiny_hf, tmp_path):
     assert rows["minilm-int8-static"]["precision"].startswith("int8-static")
     assert set(rows["minilm-int8-static"]["batch_dev"]) == {"corpus", "mixed"}
     assert "faithful" in proc.stdout and data["machine"]["load_average"]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_http_load_two_models_script_smoke(tiny_onnx, task_artifact, tmp_path):
+    """The two-model fleet run on a tiny embedder and a tiny cross-encoder: both probed idle and flooded, the
+    throughput of both at once, a table and JSON."""
+    out = tmp_path / "two.json"
+    proc = _run("http_load.py", "--two-models", "--artifact", tiny_onnx.path, "--cross-encoder",
+                task_artifact("rerank")[1].path, "--probes", "3", "--flood-size", "32", "--flood-request", "16",
+                "--fleet-texts", "64", "--steady-s", "2", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [r["model"] for r in data["latency"]] == ["embed", "rerank"]
+    assert len(data["threads_per_worker"]) == 2 and data["throughput_ratio"] > 0
+    assert set(data["flood_texts_answered"]) == {"embed", "rerank"}
+    assert data["steady"]["answered"]["embed"] > 0 and data["steady"]["answered"]["rerank"] > 0
+    assert "p99 ratio" in proc.stdout and "steady load" in proc.stdout

@@ -58,6 +58,10 @@ artifact through bertopt's runtime, so what is served is what was validated); a 
 publishes each reply. Small requests have their own lane and do not wait behind large ones; a worker
 that dies is restarted and its work re-sent. SIGTERM/Ctrl-C finishes in-flight requests, then exits 0.
 
+Several artifacts share one fleet (each with its own workers and queues): [bold]bertopt serve embed=ART1
+rerank=ART2[/] or [bold]--models fleet.yaml[/]; HTTP requests pick one by "model" (TEI routes: by task), ZeroMQ
+clients with Client(model=...) (bert-serving-client: the first).
+
 Example: [bold]bertopt serve artifacts/minilm/03-quantize --num-worker 2 --http-port 8080[/], then
 [bold]bertopt client encode "hello world"[/], [bold]curl localhost:8080/embed -d '{"inputs":"hi"}'[/]
 or [bold]bertopt serve --status[/]."""
@@ -81,9 +85,10 @@ def _serve(config: dict) -> None:
     from bertopt.artifact import Artifact
     from bertopt.serve.server import ServeConfig, serve
 
-    warning = Artifact.load(kwargs["artifact"], verify=False).batch_dependence_warning()
-    if warning:
-        typer.echo(warning, err=True)
+    for artifact in [s.artifact for s in kwargs.get("models") or []] or [kwargs.get("artifact")]:
+        warning = Artifact.load(artifact, verify=False).batch_dependence_warning()
+        if warning:
+            typer.echo(warning, err=True)
     # each worker logs "worker i ready" to stderr as it loads; the ready line goes to stdout
     serve(ServeConfig(**kwargs), on_ready=lambda line: print(line, flush=True))
 
@@ -97,7 +102,7 @@ def _client_encode(config: dict) -> None:
     texts, out = config["texts"], config["out"]
     try:
         with Client(config["ip"], config["port"], config["port_out"], timeout=config["timeout"],
-                    curve_keys=config["curve_keys"]) as client:
+                    curve_keys=config["curve_keys"], model=config["model"]) as client:
             vectors = client.encode(texts)
     except (ServerTimeout, ServerError) as exc:
         raise UserError(str(exc)) from None
@@ -118,7 +123,7 @@ def _client_predict(config: dict) -> None:
     texts, pair = config["texts"], config["pair"]
     try:
         with Client(config["ip"], config["port"], config["port_out"], timeout=config["timeout"],
-                    curve_keys=config["curve_keys"]) as client:
+                    curve_keys=config["curve_keys"], model=config["model"]) as client:
             results = client.predict(texts, pair or None, aggregation=config["aggregation"])
     except (ServerTimeout, ServerError) as exc:
         raise UserError(str(exc)) from None

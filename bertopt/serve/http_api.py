@@ -3,7 +3,7 @@ text-embeddings-inference's (TEI) routes, on Starlette.
 
     POST /v1/embeddings   OpenAI: input (string | strings | token ids | lists of token ids), model,
                           encoding_format (float | base64), dimensions (truncate + re-normalise)
-    GET  /v1/models       OpenAI: the one served model
+    GET  /v1/models       OpenAI: the served models (name, task, digest)
     POST /embed           TEI: inputs, normalize (default true), truncate (default false), long_inputs
     POST /predict         TEI: inputs (text | [text, text] pair | a list of them), raw_scores; on a token
                           classifier: inputs (text | texts), aggregation_strategy -> entities per text
@@ -11,6 +11,11 @@ text-embeddings-inference's (TEI) routes, on Starlette.
     POST /embed_sparse    TEI: inputs, truncate -> [{"index", "value"}] per input (SPLADE models)
     POST /tokenize        TEI: inputs, add_special_tokens
     GET  /health          200 once the workers have loaded (503 before), /info, /metrics (Prometheus)
+
+A server of several models (``bertopt serve ART1 ART2``) routes each request to one: the OpenAI ``model`` field,
+or on a TEI route its optional ``model`` field (default: the first model of the route's task). An unknown model is
+a 404, a model of another task a 400 naming the models that serve the route (``ModelRouter``). With one model,
+every route answers with it whatever ``model`` says, as before.
 
 Every route checks the artifact's task and answers 400 naming the route that fits when it does not. Errors
 use each API's schema (OpenAI ``{"error": {"message", "type", "param", "code"}}``, TEI ``{"error",
@@ -93,16 +98,17 @@ class RequestHandling:
     """What every route shares, independent of the web framework: the API key, the task check, limits, JSON
     body reading, token counting and the fleet call."""
 
-    def __init__(self, front):
+    def __init__(self, front, facts: dict[str, Any] | None = None):
+        """``facts``: the served model this instance answers for (default: the front end's first)."""
         from tokenizers import Tokenizer
 
         self.front = front
         self.cfg = front.cfg
-        self.facts = front.facts
+        self.facts = facts or front.facts
         self.task = self.facts["task"]
         self.max_seq_len = int(self.facts["max_seq_len"])
         self.long_inputs = self.cfg.long_inputs
-        self.model_id = Path(self.facts["artifact"]).name
+        self.model_id = self.facts.get("name") or Path(self.facts["artifact"]).name
         self.created = int(time.time())
         # counts tokens without truncating, so an over-long input is seen (and refused unless truncate)
         self.tokenizer = Tokenizer.from_file(str(Path(self.facts["tokenizer"]) / "tokenizer.json"))
@@ -254,7 +260,7 @@ class RequestHandling:
 
     async def run(self, kind: bytes, items: list, lengths: list[int]) -> np.ndarray:
         try:
-            return await self.front.run(kind, items, lengths)
+            return await self.front.run(kind, items, lengths, self.model_id)
         except asyncio.TimeoutError:
             raise Problem(504, f"no answer within {self.cfg.request_timeout_s:g} s (--request-timeout); the "
                           "server is overloaded or the request is too large, retry later or split it") from None
@@ -332,9 +338,10 @@ class OpenAIRoutes(RequestHandling):
                           param="dimensions")
         return _l2(vectors[:, :dims])
 
-    def openai_models(self):
-        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
-                                            "owned_by": "bertopt"}]}
+    def openai_model(self) -> dict[str, Any]:
+        """This model's /v1/models entry (OpenAI's fields, then the task and the artifact's digest)."""
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "bertopt",
+                "task": self.task, "digest": self.facts["digest"]}
 
 class TeiRoutes(RequestHandling):
     """Hugging Face text-embeddings-inference's routes, and /info."""
@@ -476,7 +483,7 @@ class TeiRoutes(RequestHandling):
         from bertopt.version import __version__
 
         f, c = self.facts, self.cfg
-        worker = self.front.worker_info()
+        worker = self.front.worker_info(self.model_id)
         model_type = {"embedding": {"embedding": {"dim": f.get("embedding_dim")}},
                       "classification": {"classifier": {"id2label": f.get("id2label")}},
                       "rerank": {"reranker": {}}, "sparse-embedding": {"splade": {}}}.get(self.task, {self.task: {}})
@@ -493,7 +500,59 @@ class TeiRoutes(RequestHandling):
 
 
 class Api(OpenAIRoutes, TeiRoutes):
-    """Request handling for every route: validation, token counting, the fleet call, each API's answer."""
+    """Request handling for every route on one served model: validation, token counting, the fleet call, each
+    API's answer."""
+
+
+class ModelRouter:
+    """Which served model answers a request: one ``Api`` per model, picked by the body's ``model`` field and the
+    route's tasks."""
+
+    def __init__(self, front):
+        self.apis = {m["name"]: Api(front, m) for m in front.models}
+        self.first = next(iter(self.apis.values()))
+
+    def serving(self, tasks: tuple[str, ...]) -> list[str]:
+        return [name for name, api in self.apis.items() if api.task in tasks]
+
+    def pick(self, payload: Any, route: str, tasks: tuple[str, ...] | None, style: str) -> Api:
+        """The model named by ``payload["model"]`` (404 when none is so named; 400 when it does not serve the
+        route), else the first model serving ``tasks`` (all: the first model). One model answers everything."""
+        if len(self.apis) == 1:  # as before several models: any `model` name reaches the one model
+            return self.first
+        name = payload.get("model") if isinstance(payload, dict) else None
+        bad = 400 if style == OPENAI else 422
+        if name is not None and not isinstance(name, str):
+            raise Problem(bad, f"'model' must be a string, got {type(name).__name__}", param="model")
+        served = ", ".join(f"{n} ({api.task})" for n, api in self.apis.items())
+        if name is not None:
+            api = self.apis.get(name)
+            if api is None:
+                raise Problem(404, f"the model '{name}' does not exist on this server; it serves {served} (see "
+                              "/v1/models)", param="model", code="model_not_found")
+            if tasks is not None and api.task not in tasks:
+                names = self.serving(tasks)
+                which = (f"models that serve it here: {', '.join(names)}" if names
+                         else f"no model here serves it (models: {served})")
+                raise Problem(400, f"{route} needs {_a(tasks[0])} model, but '{name}' is {_a(api.task)} model "
+                              f"(use {ROUTE_FOR_TASK.get(api.task, 'another route')} for it); {which}",
+                              param="model", code="wrong_task")
+            return api
+        if tasks is None:
+            return self.first
+        names = self.serving(tasks)
+        if not names:
+            raise Problem(400, f"{route} needs {_a(tasks[0])} model, but none of this server's models is one "
+                          f"(models: {served})", code="wrong_task")
+        return self.apis[names[0]]
+
+    def openai_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [api.openai_model() for api in self.apis.values()]}
+
+    def info(self) -> dict[str, Any]:
+        """The first model's /info (TEI's fields, as with one model) and every model's under ``models``."""
+        infos = [api.info() for api in self.apis.values()]
+        return {**infos[0], "models": infos}
 
 
 class TokenView:
@@ -535,23 +594,35 @@ def build_app(front):
     from starlette.responses import Response
     from starlette.routing import Route
 
-    api = Api(front)
+    router = ModelRouter(front)
+    api = router.first  # what does not depend on the model: the API key, reading the body
     metrics = front.metrics
 
-    def endpoint(route: str, style: str, handler, *, auth: bool = True, admit: bool = False, body: bool = True):
+    def endpoint(route: str, style: str, handler, *, auth: bool = True, admit: bool = False, body: bool = True,
+                 tasks: tuple[str, ...] | None = None):
+        """``handler``: a callable, or the name of the ``Api`` method that answers on the request's model (picked
+        by ``router`` among the models of ``tasks``; None: any model)."""
         async def call(request):
             started = time.perf_counter()
             admitted = False
+            model = ""
             try:
                 if auth:
                     api.check_key(request.headers)
                 # the body is read before admission: a slow (or stalled) upload holds no admission slot, and
                 # is cut off after --body-timeout
                 payload = await api.read_json(request) if body else None
+                run = handler
+                if isinstance(handler, str):
+                    chosen = router.pick(payload, route, tasks, style)
+                    model, run = chosen.model_id, getattr(chosen, handler)
                 if admit:
-                    if not front.ready or not front.workers_ready():
-                        raise Problem(503, "the server is loading its workers; retry shortly",
-                                      headers={"Retry-After": "1"})
+                    if not front.ready or not front.workers_ready(model or None):
+                        message = "the server is loading its workers; retry shortly"
+                        if front.ready and model and front.workers_ready():  # the fleet runs, this model does not
+                            message = (f"no worker of model '{model}' is running (restarting, or stopped after "
+                                       "failing to start: see /health and the server log); retry shortly")
+                        raise Problem(503, message, headers={"Retry-After": "1"})
                     if front.in_flight >= front.cfg.max_concurrent_requests:
                         raise Problem(429, f"the server is at its limit of {front.cfg.max_concurrent_requests} "
                                       "concurrent requests (--max-concurrent-requests); retry after a second",
@@ -559,7 +630,7 @@ def build_app(front):
                     front.in_flight += 1
                     metrics.in_flight.inc()
                     admitted = True
-                result = await handler(payload) if body else await handler()
+                result = await run(payload) if body else await run()
                 response = result if isinstance(result, Response) else _json(result)
             except Problem as p:
                 response = error_response(style, p)
@@ -574,7 +645,9 @@ def build_app(front):
                     front.in_flight -= 1
                     metrics.in_flight.dec()
             metrics.requests.labels(route, str(response.status_code)).inc()
-            metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+            if model:
+                metrics.model_requests.labels(model, str(response.status_code)).inc()
+            metrics.request_seconds.labels(route, model).observe(time.perf_counter() - started)
             return response
 
         return call
@@ -586,9 +659,14 @@ def build_app(front):
 
     async def health():
         ready = front.workers_ready()
-        if front.ready and ready:
+        # ready when every model has a worker (a fleet of several models answers for all of them or is not ready)
+        missing = [name for name in router.apis if not front.workers_ready(name)]
+        if front.ready and not missing:
             return {"status": "ok", "workers_ready": ready}
-        return _json({"status": "loading" if not front.ready else "no worker ready", "workers_ready": ready}, 503)
+        status = "loading" if not front.ready else "no worker ready"
+        if front.ready and ready:  # a fleet of several models, some of them without a live worker
+            status += " for " + ", ".join(missing)
+        return _json({"status": status, "workers_ready": ready}, 503)
 
     async def prometheus():
         data, content_type = metrics.render()
@@ -601,16 +679,19 @@ def build_app(front):
         await front.on_shutdown()
 
     routes = [
-        Route("/v1/embeddings", endpoint("/v1/embeddings", OPENAI, api.openai_embeddings, admit=True),
-              methods=["POST"]),
-        Route("/v1/models", endpoint("/v1/models", OPENAI, sync(api.openai_models), body=False), methods=["GET"]),
-        Route("/embed", endpoint("/embed", TEI, api.tei_embed, admit=True), methods=["POST"]),
-        Route("/predict", endpoint("/predict", TEI, api.tei_predict, admit=True), methods=["POST"]),
-        Route("/rerank", endpoint("/rerank", TEI, api.tei_rerank, admit=True), methods=["POST"]),
-        Route("/embed_sparse", endpoint("/embed_sparse", TEI, api.tei_embed_sparse, admit=True), methods=["POST"]),
-        Route("/tokenize", endpoint("/tokenize", TEI, api.tei_tokenize, admit=True), methods=["POST"]),
+        Route("/v1/embeddings", endpoint("/v1/embeddings", OPENAI, "openai_embeddings", admit=True,
+                                         tasks=("embedding",)), methods=["POST"]),
+        Route("/v1/models", endpoint("/v1/models", OPENAI, sync(router.openai_models), body=False),
+              methods=["GET"]),
+        Route("/embed", endpoint("/embed", TEI, "tei_embed", admit=True, tasks=("embedding",)), methods=["POST"]),
+        Route("/predict", endpoint("/predict", TEI, "tei_predict", admit=True,
+                                   tasks=("classification", "token-classification")), methods=["POST"]),
+        Route("/rerank", endpoint("/rerank", TEI, "tei_rerank", admit=True, tasks=("rerank",)), methods=["POST"]),
+        Route("/embed_sparse", endpoint("/embed_sparse", TEI, "tei_embed_sparse", admit=True,
+                                        tasks=("sparse-embedding",)), methods=["POST"]),
+        Route("/tokenize", endpoint("/tokenize", TEI, "tei_tokenize", admit=True), methods=["POST"]),
         Route("/health", endpoint("/health", TEI, health, auth=False, body=False), methods=["GET"]),
-        Route("/info", endpoint("/info", TEI, sync(api.info), body=False), methods=["GET"]),
+        Route("/info", endpoint("/info", TEI, sync(router.info), body=False), methods=["GET"]),
         Route("/metrics", endpoint("/metrics", TEI, prometheus, body=False), methods=["GET"]),
     ]
     async def no_route(request, exc):

@@ -44,13 +44,15 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class HttpFront:
-    def __init__(self, cfg, facts: dict[str, Any], ctx):
+    def __init__(self, cfg, models: list[dict[str, Any]], ctx):
+        """``models``: the facts of every served model (``server._model_facts``), the first the default."""
         zmq = require("zmq", "serve", "bertopt serve")
         require("uvicorn", "serve", "bertopt serve --http-port")
         require("starlette", "serve", "bertopt serve --http-port")
         self.zmq = zmq
         self.cfg = cfg
-        self.facts = facts
+        self.models = models
+        self.facts = models[0]
         self.ctx = ctx
         self.metrics = Metrics()
         self.request_address = f"inproc://bertopt-http-{id(self)}"
@@ -126,22 +128,22 @@ class HttpFront:
             self._push.close()
             self._push = None
 
-    def workers_ready(self) -> int:
+    def workers_ready(self, model: str | None = None) -> int:
         v = self.ventilator
-        return 0 if v is None else len(v.pool.live())
+        return 0 if v is None else len(v.pool.live(model))
 
-    def worker_info(self) -> dict[str, Any]:
+    def worker_info(self, model: str | None = None) -> dict[str, Any]:
         v = self.ventilator
-        live = v.pool.live() if v is not None else []
+        live = v.pool.live(model) if v is not None else []
         return dict(live[0].info) if live else {}
 
-    async def run(self, kind: bytes, items: list, lengths: list[int]):
+    async def run(self, kind: bytes, items: list, lengths: list[int], model: str | None = None):
         """Send one request to the fleet and wait for its rows (float32 ``(n, d)``); FleetError on an error
         reply, asyncio.TimeoutError after ``--request-timeout`` (the late reply is then dropped)."""
         request_id = next(self._ids)
         future = self._loop.create_future()
         self._pending[request_id] = future
-        body = json.dumps({"items": items, "lengths": lengths}).encode()
+        body = json.dumps({"items": items, "lengths": lengths, "model": model}).encode()
         try:
             self._push.send_multipart([b"%d" % request_id, kind, body])
             value = await asyncio.wait_for(future, self.cfg.request_timeout_s)

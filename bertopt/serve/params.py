@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from bertopt.errors import UserError
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
 from bertopt.params import LONG_INPUTS, MAX_SEQ_LEN, PROVIDER, ConfigFields, Param
 
@@ -99,8 +98,11 @@ SERVE_FIELDS = ConfigFields(SERVE_CONFIG_PARAMS, {"grace": "grace_s", "body_time
                                                   "request_timeout": "request_timeout_s"})
 
 SERVE_PARAMS = [
-    Param("artifact", str, None, "Artifact folder to serve (not needed with --status or --make-curve-keys).",
+    Param("artifact", list, None, "Artifact folder(s) to serve on one fleet; NAME=PATH names a model (default: "
+          "the folder's name), the first is the default model (not needed with --status or --make-curve-keys).",
           positional=True),
+    Param("models", str, None, "A YAML file listing the models to serve (name -> artifact, or name -> {artifact, "
+          "workers, threads}); with or instead of ARTIFACT.", file=True),
     *SERVE_CONFIG_PARAMS,
     Param("make_curve_keys", str, None, "Create a key folder (server and one client key pair) and exit."),
     Param("status", bool, False, "Do not serve: ask the server running on --port/--port-out for its configuration "
@@ -111,9 +113,12 @@ SERVE_PARAMS = [
 ]
 
 _CLIENT = [IP, PORT, PORT_OUT, CURVE_KEYS.with_(help="Key folder for a CurveZMQ server.")]
+MODEL = Param("model", str, None, "The served model to address, by name (a server of several models; default: "
+              "its first).")
 CLIENT_ENCODE_PARAMS = [
     Param("texts", list, None, "Texts to encode.", positional=True, required=True),
     *_CLIENT,
+    MODEL,
     TIMEOUT,
     Param("out", str, None, "Save the (n, d) float32 array as .npy.", aliases=("-o",)),
     AS_JSON.with_(help="Print the full vectors as JSON."),
@@ -125,6 +130,7 @@ CLIENT_PREDICT_PARAMS = [
     Param("aggregation", str, None, "Token classification: none, simple, first, average or max (default: "
           "simple)."),
     *_CLIENT,
+    MODEL,
     TIMEOUT,
 ]
 CLIENT_STATUS_PARAMS = [*_CLIENT, TIMEOUT.with_(default=10.0), AS_JSON]
@@ -139,9 +145,13 @@ def config_values(config) -> dict:
 
 
 def serve_config_kwargs(config: dict) -> dict:
-    """ServeConfig keyword arguments from a checked ``bertopt serve`` config."""
-    if config["artifact"] is None:
-        raise UserError("missing ARTIFACT; give the artifact folder to serve (or --status to query a server)")
+    """ServeConfig keyword arguments from a checked ``bertopt serve`` config: one artifact as before, several (or
+    ``--models``) as ``models``."""
+    from bertopt.serve.fleet import model_specs
+
+    specs = model_specs(config["artifact"], config["models"])
     out = SERVE_FIELDS.kwargs(config)
     out["device_map"] = device_map(out["device_map"])
-    return {"artifact": config["artifact"], **out}
+    if len(specs) == 1 and specs[0].num_worker is None and specs[0].threads is None:
+        return {"artifact": specs[0].artifact, "name": specs[0].name, **out}
+    return {"models": specs, **out}

@@ -1,8 +1,11 @@
-"""``bertopt serve``: one ventilator (this process), one sink process, N worker processes.
+"""``bertopt serve``: one ventilator (this process), one sink process, N worker processes per served model.
 
     clients --PUSH--> [ventilator :port] --mini-jobs--> [worker 0..N-1] --results--> [sink] --PUB :port_out--> clients
                            ^   supervises workers, re-sends the mini-jobs of a dead one    |
                            +--------------------- status/errors ---------------------------+
+
+Several models (``bertopt serve ART1 ART2``, ``--models fleet.yaml``; ``fleet.py``) share the ventilator, the sink
+and the front ends; each has worker processes and queues of its own (``ventilator.py``).
 
 Workers are real processes (``python -I -m bertopt.serve.worker``: isolated from the current folder, the user
 site and PYTHON* variables, with a trimmed environment), each with one Predictor; on CPU the cores are
@@ -18,12 +21,13 @@ import select
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
+from bertopt.serve.fleet import ModelSpec, check_name, check_unique
 from bertopt.serve.params import SERVE_FIELDS
 from bertopt.serve.processes import start_child
 
@@ -34,7 +38,7 @@ _DEFAULT = SERVE_FIELDS.defaults()  # ServeConfig's defaults are its Params' (se
 
 @dataclass
 class ServeConfig:
-    artifact: str
+    artifact: str | None = None  # the one model's folder (several: ``models``)
     port: int = _DEFAULT["port"]
     port_out: int = _DEFAULT["port_out"]
     bind: str = _DEFAULT["bind"]
@@ -65,6 +69,19 @@ class ServeConfig:
     bulk_nice: int = _DEFAULT["bulk_nice"]
     max_queued_requests: int = _DEFAULT["max_queued_requests"]
     warmup: bool = _DEFAULT["warmup"]
+    name: str | None = None  # the one model's name (default: the artifact's folder name)
+    models: list[ModelSpec] = field(default_factory=list)  # several models: these (then artifact is ignored)
+
+    def model_specs(self) -> list[ModelSpec]:
+        """The served models, the first the default: ``models``, or the one ``artifact``."""
+        if self.models:
+            return list(self.models)
+        if not self.artifact:
+            raise UserError("serve: no artifact; give artifact= (one model) or models=[ModelSpec(name, artifact)]")
+        return [ModelSpec(self.name or Path(self.artifact).resolve().name, self.artifact)]
+
+    def workers_of(self, spec: ModelSpec) -> int:
+        return spec.num_worker or self.num_worker
 
     @property
     def priority_tokens(self) -> int:
@@ -81,18 +98,27 @@ class ServeConfig:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
         if self.port == self.port_out:
             raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
+        specs = self.model_specs()
+        for spec in specs:
+            check_name(spec.name, "serve")
+        check_unique(specs)
         # a priority request is one mini-job, so it can be no larger than one
         self.priority_batch_size = min(self.priority_batch_size, self.max_batch_size)
 
-    def threads(self) -> int:
+    def threads(self, spec: ModelSpec | None = None) -> int:
+        """Threads per worker of ``spec`` (default: the first model): its own, --threads-per-worker, or the cores
+        split over every worker of the fleet."""
         from bertopt.runtime.backends import default_threads
 
+        if spec is not None and spec.threads:
+            return spec.threads
         if self.threads_per_worker:
             return self.threads_per_worker
-        return max(1, default_threads() // self.num_worker)
+        total = sum(self.workers_of(s) for s in self.model_specs())
+        return max(1, default_threads() // total)
 
 
-def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
+def _model_facts(artifact_path: str, max_seq_len: int | None, name: str | None = None) -> dict:
     from bertopt.artifact import Artifact
 
     art = Artifact.load(artifact_path)  # verified here and again by every worker that loads it (restarts too)
@@ -110,7 +136,8 @@ def _model_facts(artifact_path: str, max_seq_len: int | None) -> dict:
     if token_level and task != "token-classification":
         raise UserError(f"the artifact's {task} output {primary!r} is per-token; bertopt serve returns one "
                         "result per text, serve a pooled (embedding, classification, rerank or sparse) artifact")
-    return {"artifact": str(art.path.absolute()), "digest": art.digest, "precision": art.precision,
+    return {"name": name or art.path.absolute().name, "artifact": str(art.path.absolute()), "digest": art.digest,
+            "precision": art.precision,
             "max_seq_len": seq, "embedding_dim": shape[-1] if shape else None, "output": primary,
             "task": task, "tokenizer": str(art.tokenizer_path),
             "id2label": info.get("id2label"), "problem_type": info.get("problem_type"),
@@ -154,8 +181,12 @@ class Server:
     def __init__(self, cfg: ServeConfig):
         cfg.check()
         self.cfg = cfg
-        self.facts = _model_facts(cfg.artifact, cfg.max_seq_len)
-        self.threads = cfg.threads()
+        self.specs = cfg.model_specs()
+        # every model's facts (the first is the default model; ``facts`` keeps the one-model name)
+        self.models = [dict(_model_facts(s.artifact, cfg.max_seq_len, s.name), num_worker=cfg.workers_of(s),
+                            threads_per_worker=cfg.threads(s)) for s in self.specs]
+        self.facts = self.models[0]
+        self.threads = cfg.threads(self.specs[0])
         self.sink_proc: subprocess.Popen | None = None
         self.ventilator = None
         self.http = None  # the HTTP front end (bertopt.serve.http_front.HttpFront), when --http-port
@@ -217,11 +248,21 @@ class Server:
             return None, None, None
         from bertopt.serve.http_front import HttpFront
 
-        self.http = HttpFront(self.cfg, self.facts, self.ctx)
+        self.http = HttpFront(self.cfg, self.models, self.ctx)
         http_in = self.ctx.socket(zmq.PULL)
         http_in.setsockopt(zmq.RCVHWM, 0)
         http_in.bind(self.http.request_address)
         return self.http, http_in, self.http.reply_address
+
+    def _worker_cfg(self, model: dict, router_port: int, sink_addr: str) -> dict:
+        """What a worker of ``model`` is started with (every worker of a model alike)."""
+        cfg = self.cfg
+        return {"model": model["name"], "num_worker": model["num_worker"], "artifact": model["artifact"],
+                "digest": model["digest"], "provider": "cuda" if cfg.device_map else cfg.provider,
+                "threads": model["threads_per_worker"], "max_seq_len": model["max_seq_len"],
+                "output": model["output"], "bulk_nice": cfg.bulk_nice, "warmup": cfg.warmup,
+                "max_batch_tokens": cfg.max_batch_tokens, "ventilator": f"tcp://127.0.0.1:{router_port}",
+                "sink": sink_addr, "log_level": cfg.log_level}
 
     def start(self, progress: Callable[[int, int], None] | None = None) -> None:
         zmq = require("zmq", "serve", "bertopt serve")
@@ -243,18 +284,13 @@ class Server:
             router.setsockopt(zmq.LINGER, 1000)
             router_port = router.bind_to_random_port("tcp://127.0.0.1")
             vcfg = {**asdict(cfg), **self.facts, "wire_version": WIRE_VERSION, "threads_per_worker": self.threads,
-                    "priority_tokens": cfg.priority_tokens}
+                    "priority_tokens": cfg.priority_tokens, "models": self.models,
+                    "num_worker": sum(m["num_worker"] for m in self.models)}
             vcfg.pop("api_key", None)
-            wcfg = {"artifact": self.facts["artifact"], "digest": self.facts["digest"],
-                    "provider": "cuda" if cfg.device_map else cfg.provider,
-                    "threads": self.threads, "max_seq_len": self.facts["max_seq_len"],
-                    "output": self.facts["output"], "bulk_nice": cfg.bulk_nice,
-                    "warmup": cfg.warmup, "max_batch_tokens": cfg.max_batch_tokens,
-                    "ventilator": f"tcp://127.0.0.1:{router_port}",
-                    "sink": sink_addr, "log_level": cfg.log_level}
-            tokenizer = load_tokenizer(Path(self.facts["tokenizer"]), self.facts["max_seq_len"])
-            self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, wcfg, http_in=http_in,
-                                         tokenizer=tokenizer, metrics=http.metrics if http else None)
+            worker_cfgs = {m["name"]: self._worker_cfg(m, router_port, sink_addr) for m in self.models}
+            tokenizers = {m["name"]: load_tokenizer(Path(m["tokenizer"]), m["max_seq_len"]) for m in self.models}
+            self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, worker_cfgs, http_in=http_in,
+                                         tokenizers=tokenizers, metrics=http.metrics if http else None)
             if http is not None:
                 http.start(self.ventilator)  # answers /health with 503 until the workers are ready
             self.ventilator.start_workers(cfg.startup_timeout_s, progress)
@@ -271,6 +307,12 @@ class Server:
             where.append(f"tcp://{c.bind}:{c.port} (requests) and :{c.port_out} (replies)")
         if c.http_port is not None:
             where.append(f"http://{c.bind}:{c.http_port}" + (" (API key required)" if c.api_key else ""))
+        if len(self.models) > 1:
+            fleet = ", ".join(f"{m['name']} ({m['task']}, {m['num_worker']} worker(s) x {m['threads_per_worker']} "
+                              f"thread(s))" for m in self.models)
+            return (f"bertopt serve: ready on {' and '.join(where)}; models {fleet}; max batch {c.max_batch_size} "
+                    f"texts / {c.max_batch_tokens} tokens, priority <= {c.priority_batch_size} texts"
+                    + (", CurveZMQ on" if c.curve_keys else ""))
         return (f"bertopt serve: ready on {' and '.join(where)}; {c.num_worker} worker(s) x {self.threads} "
                 f"thread(s), task {self.facts['task']}, max batch {c.max_batch_size} texts / {c.max_batch_tokens} "
                 f"tokens, priority <= {c.priority_batch_size} texts, max_seq_len {self.facts['max_seq_len']}"

@@ -5,7 +5,7 @@ Three parts, one per concern:
 
 * ``WorkerPool``: the worker processes: start, ready/done messages, restart on death (handing back the dead
   one's in-flight pieces), stop.
-* ``Scheduler``: two fair queues (priority, bulk) and the dispatch of packed mini-jobs to free lanes.
+* ``Scheduler``: two fair queues (priority, bulk) per model and the dispatch of packed mini-jobs to free lanes.
 * ``Ventilator``: the main loop: request intake, status, the stop sequence.
 
 Scheduling (what keeps small clients fast under a flood):
@@ -18,6 +18,12 @@ Scheduling (what keeps small clients fast under a flood):
   bulk mini-job is bounded by tokens, so what a priority job shares the cores with is bounded too.
 * A free lane takes a packed mini-job: the next pieces in round-robin order up to the lane's token budget,
   so a hundred one-sentence requests from different clients run as one batch.
+
+Several models (``bertopt serve ART1 ART2``): every model has its own workers and its own two queues; a request
+names its model (HTTP: the route's or the ``model`` field; ZeroMQ: an optional fifth frame; default the first
+model). A mini-job holds one model's pieces and goes to a worker of that model, so a flood on one model fills its
+own queues and lanes only: another model's requests wait for nothing but their own model's work, and the cores
+are shared between the models' worker processes by the OS (a flood's bulk lanes run at a higher nice value).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class MiniJob:
     job_id: int
     lane: bytes
     pieces: list[Piece]
+    model: str = ""
     dispatched: float = field(default_factory=time.monotonic)
 
     @property
@@ -89,6 +96,7 @@ class MiniJob:
 @dataclass
 class WorkerSlot:
     index: int
+    model: str = ""  # the model this worker runs
     generation: int = 0
     proc: subprocess.Popen | None = None
     ready: bool = False
@@ -114,7 +122,8 @@ class WorkerSlot:
         return jobs
 
     def describe(self) -> dict[str, Any]:
-        return {"index": self.index, "pid": self.info.get("pid") if self.ready else None, "ready": self.ready,
+        return {"index": self.index, "model": self.model, "pid": self.info.get("pid") if self.ready else None,
+                "ready": self.ready,
                 "in_flight": len(self.in_flight()), "jobs_done": self.jobs_done, "texts_done": self.texts_done,
                 "restarts": self.restarts, "threads": self.info.get("threads"),
                 "provider": self.info.get("provider"), "backend": self.info.get("backend"),
@@ -125,18 +134,20 @@ class WorkerSlot:
 class WorkerPool:
     """The worker processes and their lanes, talked to over one ROUTER socket."""
 
-    def __init__(self, zmq, router, count: int, worker_cfg: dict[str, Any], device_map: list[int] | None,
+    def __init__(self, zmq, router, worker_cfgs: dict[str, dict[str, Any]], device_map: list[int] | None,
                  metrics=None):
+        """``worker_cfgs``: per model (in serving order), its workers' configuration, ``num_worker`` of them."""
         self.zmq = zmq
         self.router = router
-        self.worker_cfg = worker_cfg
+        self.worker_cfgs = worker_cfgs
         self.device_map = device_map or []
-        self.slots = [WorkerSlot(i) for i in range(count)]
+        models = [name for name, wcfg in worker_cfgs.items() for _ in range(wcfg["num_worker"])]
+        self.slots = [WorkerSlot(i, model) for i, model in enumerate(models)]
         self.metrics = metrics
         self.restarts = 0
 
     def spawn(self, slot: WorkerSlot) -> None:
-        wcfg = dict(self.worker_cfg, index=slot.index, identity=slot.identity.decode())
+        wcfg = dict(self.worker_cfgs[slot.model], index=slot.index, identity=slot.identity.decode())
         wcfg["device"] = self.device_map[slot.index % len(self.device_map)] if self.device_map else None
         slot.proc = start_child("bertopt.serve.worker", wcfg)
         slot.ready = False
@@ -163,10 +174,15 @@ class WorkerPool:
 
         for slot in self.slots:
             if slot.last_error:
-                raise UserError(f"worker {slot.index} could not load the artifact: {slot.last_error}")
+                raise UserError(f"worker {slot.index}{self._of(slot)} could not load the artifact: "
+                                f"{slot.last_error}")
             if slot.proc.poll() is not None and not slot.ready:
-                raise UserError(f"worker {slot.index} exited with code {slot.proc.returncode} while loading "
-                                "the artifact; see the log above")
+                raise UserError(f"worker {slot.index}{self._of(slot)} exited with code {slot.proc.returncode} "
+                                "while loading the artifact; see the log above")
+
+    def _of(self, slot: WorkerSlot) -> str:
+        """' (model NAME)' where the fleet serves several models."""
+        return f" (model {slot.model})" if len(self.worker_cfgs) > 1 else ""
 
     def reap_dead(self) -> list[MiniJob]:
         """Restart every dead worker; return the mini-jobs it held (to be re-sent)."""
@@ -195,11 +211,11 @@ class WorkerPool:
             self.spawn(slot)
         return lost
 
-    def any_alive(self) -> bool:
-        return any(s.proc is not None for s in self.slots)
+    def any_alive(self, model: str | None = None) -> bool:
+        return any(s.proc is not None for s in self.slots if model in (None, s.model))
 
-    def live(self) -> list[WorkerSlot]:
-        return [s for s in self.slots if s.ready and s.proc is not None]
+    def live(self, model: str | None = None) -> list[WorkerSlot]:
+        return [s for s in self.slots if s.ready and s.proc is not None and model in (None, s.model)]
 
     def handle(self, frames: list[bytes]) -> MiniJob | None:
         """A worker's READY / FAIL / DONE; returns the finished mini-job for DONE."""
@@ -264,13 +280,28 @@ class WorkerPool:
                 slot.proc.wait(10)
 
 
+@dataclass
+class ModelQueues:
+    """One model's two fair queues."""
+
+    priority: FairQueue = field(default_factory=FairQueue)
+    bulk: FairQueue = field(default_factory=FairQueue)
+
+    def __len__(self) -> int:
+        return len(self.priority) + len(self.bulk)
+
+    def of(self, lane: bytes) -> FairQueue:
+        return self.priority if lane == LANE_PRIORITY else self.bulk
+
+
 class Scheduler:
-    """Fair queues of pieces and their dispatch, packed by tokens, to free worker lanes."""
+    """Fair queues of pieces (two per model) and their dispatch, packed by tokens, to free lanes of the model's
+    workers."""
 
     def __init__(self, cfg: dict[str, Any], pool: WorkerPool, fail_request: Callable, metrics=None):
         self.pool = pool
-        self.priority = FairQueue()
-        self.bulk = FairQueue()
+        self.queues = {name: ModelQueues() for name in pool.worker_cfgs}
+        self.default_model = next(iter(self.queues))
         self.job_ids = itertools.count(1)
         self.fail_request = fail_request
         self.failed_requests: set[tuple[bytes, bytes]] = set()
@@ -282,15 +313,23 @@ class Scheduler:
         self.counters = {"mini_jobs": 0, "mini_jobs_done": 0, "mini_jobs_resent": 0, "pieces": 0}
 
     def __len__(self) -> int:
-        return len(self.priority) + len(self.bulk)
+        return sum(len(q) for q in self.queues.values())
 
-    @property
-    def queued_requests(self) -> int:
-        return self.priority.requests + self.bulk.requests
+    def queued_requests(self, model: str | None = None) -> int:
+        """Requests waiting in ``model``'s queues (every model's when None): what admission bounds."""
+        queues = self.queues.values() if model is None else [self.queues[model]]
+        return sum(q.priority.requests + q.bulk.requests for q in queues)
 
-    def enqueue(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:
+    def lane_totals(self, what: Callable[[FairQueue], int]) -> dict[str, int]:
+        """``what`` summed over the models' priority and bulk queues (status)."""
+        return {"priority": sum(what(q.priority) for q in self.queues.values()),
+                "bulk": sum(what(q.bulk) for q in self.queues.values())}
+
+    def enqueue(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes,
+                model: str | None = None) -> None:
         small = len(items) <= self.priority_texts and sum(lengths) <= self.priority_tokens
-        queue = self.priority if small else self.bulk
+        queues = self.queues[model or self.default_model]
+        queue = queues.priority if small else queues.bulk
         for piece in cut_request(identity, request_id, items, lengths, self.max_tokens, self.max_texts, kind):
             queue.push(piece)
             self.counters["pieces"] += 1
@@ -303,29 +342,31 @@ class Scheduler:
                                              f"({why}); the request may crash the model, check its texts")
                 continue
             self.counters["mini_jobs_resent"] += 1
-            (self.priority if job.lane == LANE_PRIORITY else self.bulk).push(piece, front=True)
+            self.queues[job.model].of(job.lane).push(piece, front=True)
 
     def done(self, job: MiniJob) -> None:
         self.counters["mini_jobs_done"] += 1
         if self.metrics is not None:
-            self.metrics.inference_seconds.observe(time.monotonic() - job.dispatched)
+            self.metrics.inference_seconds.labels(job.model).observe(time.monotonic() - job.dispatched)
 
-    def _next_job(self, queue: FairQueue, lane: bytes, max_tokens: int, max_texts: int) -> MiniJob | None:
+    def _next_job(self, queue: FairQueue, lane: bytes, max_tokens: int, max_texts: int,
+                  model: str) -> MiniJob | None:
         pieces = pack(queue, max_tokens, max_texts, skip=lambda p: p.key in self.failed_requests)
         if not pieces:
             return None
-        job = MiniJob(next(self.job_ids), lane, pieces)
+        job = MiniJob(next(self.job_ids), lane, pieces, model)
         if self.metrics is not None:
             now = time.monotonic()
+            waited = self.metrics.queue_seconds.labels(model)
             for p in pieces:
-                self.metrics.queue_seconds.observe(now - p.enqueued)
+                waited.observe(now - p.enqueued)
         return job
 
     def _sent(self, job: MiniJob) -> None:
         self.counters["mini_jobs"] += 1
         if self.metrics is not None:
-            self.metrics.batch_texts.observe(job.size)
-            self.metrics.batch_tokens.observe(job.tokens)
+            self.metrics.batch_texts.labels(job.model).observe(job.size)
+            self.metrics.batch_tokens.labels(job.model).observe(job.tokens)
 
     def _return(self, queue: FairQueue, job: MiniJob) -> None:
         for piece in reversed(job.pieces):
@@ -333,14 +374,21 @@ class Scheduler:
 
     def dispatch(self) -> None:
         live = self.pool.live()
-        while self.priority:
+        for model, queues in self.queues.items():
+            if queues:
+                self._dispatch(queues, [s for s in live if s.model == model], model)
+
+    def _dispatch(self, queues: ModelQueues, live: list[WorkerSlot], model: str) -> None:
+        """One model's queued work to free lanes of its own workers."""
+        while queues.priority:
             # least busy worker first; its priority lane if free, else its (idle) bulk lane
             free = [(len(s.in_flight()), s) for s in live if None in s.lanes.values()]
             if not free:
                 break
             # a packed priority job stays as small as one priority request may be, so packing never makes a
             # small request wait for much more than itself
-            job = self._next_job(self.priority, LANE_PRIORITY, self.priority_tokens, max(1, self.priority_texts))
+            job = self._next_job(queues.priority, LANE_PRIORITY, self.priority_tokens, max(1, self.priority_texts),
+                                 model)
             if job is None:
                 break
             slot = min(free, key=lambda t: (t[0], t[1].index))[1]
@@ -348,31 +396,35 @@ class Scheduler:
             if self.pool.send(slot, lane, job):
                 self._sent(job)
             else:
-                self._return(self.priority, job)
-        while self.bulk:
+                self._return(queues.priority, job)
+        while queues.bulk:
             free = [s for s in live if s.ready and s.lanes[LANE_BULK] is None]
             if not free:
                 break
-            job = self._next_job(self.bulk, LANE_BULK, self.max_tokens, self.max_texts)
+            job = self._next_job(queues.bulk, LANE_BULK, self.max_tokens, self.max_texts, model)
             if job is None:
                 break
             slot = min(free, key=lambda s: (s.jobs_done, s.index))
             if self.pool.send(slot, LANE_BULK, job):
                 self._sent(job)
             else:
-                self._return(self.bulk, job)
+                self._return(queues.bulk, job)
 
-    def drain(self) -> list[Piece]:
+    def drain(self, model: str | None = None) -> list[Piece]:
+        """Every queued piece (of ``model``, or of all models), taken out of the queues."""
         pieces = []
-        for q in (self.priority, self.bulk):
-            while q:
-                pieces.append(q.pop())
+        for name, queues in self.queues.items():
+            if model not in (None, name):
+                continue
+            for q in (queues.priority, queues.bulk):
+                while q:
+                    pieces.append(q.pop())
         return pieces
 
 
 class Ventilator:
-    def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfg: dict[str, Any],
-                 http_in=None, tokenizer=None, metrics=None):
+    def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfgs: dict[str, dict[str, Any]],
+                 http_in=None, tokenizers: dict[str, Any] | None = None, metrics=None):
         import zmq
 
         self.zmq = zmq
@@ -381,14 +433,18 @@ class Ventilator:
         self.frontend = frontend  # ZeroMQ clients (None: HTTP only)
         self.http_in = http_in  # the HTTP front end's requests (inproc), or None
         self.sink = sink_push
-        self.tokenizer = tokenizer  # counts the tokens of ZeroMQ requests (HTTP requests come counted)
+        # per model: counts the tokens of ZeroMQ requests (HTTP requests come counted)
+        self.tokenizers = tokenizers or {}
+        self.models = {m["name"]: m for m in cfg.get("models") or [{**cfg, "name": next(iter(worker_cfgs))}]}
         self.metrics = metrics
-        self.pool = WorkerPool(zmq, router, cfg["num_worker"], worker_cfg, cfg.get("device_map"), metrics)
+        self.pool = WorkerPool(zmq, router, worker_cfgs, cfg.get("device_map"), metrics)
         self.scheduler = Scheduler(cfg, self.pool, self.fail_request, metrics)
         self.started = time.time()
         self.accepting = True
         self.limits = RequestLimits(cfg["max_client_batch_size"], cfg["max_text_chars"], cfg["max_request_chars"])
-        self.admission = Admission(cfg["max_queued_requests"])  # ZeroMQ requests against the queue's bound
+        # ZeroMQ requests against their model's queue bound: a flood on one model is refused without shutting
+        # the other models' clients out
+        self.admission = {name: Admission(cfg["max_queued_requests"]) for name in self.scheduler.queues}
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}
@@ -424,7 +480,9 @@ class Ventilator:
             self.counters["status_requests"] += 1
             self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])
             return
-        busy = self.admission.check(self.scheduler.queued_requests)
+        model = req.model or self.scheduler.default_model
+        admission = self.admission.get(model)  # an unknown model is refused by enqueue, naming the models
+        busy = admission.check(self.scheduler.queued_requests(model)) if admission is not None else None
         if busy is not None:  # the queue is full: refused now (not remembered as failed: nothing of it is queued)
             self.sink.send_multipart([ERROR, req.identity, req.request_id, message_bytes(busy)])
             return
@@ -449,41 +507,57 @@ class Ventilator:
         log.warning("rejected a request from %r: %s", exc.identity[:40], exc)
         self.sink.send_multipart([ERROR, exc.identity, exc.request_id, message_bytes(str(exc))])
 
-    def token_lengths(self, texts: list, pairs: list | None = None) -> list[int]:
+    def token_lengths(self, texts: list, pairs: list | None = None, model: str | None = None) -> list[int]:
         """Tokens per text (at most max_seq_len: the model's view); the texts are checked first (valid Unicode,
         UserError naming the text), and the request's total against --max-request-tokens (RequestError)."""
         check_texts(texts, pairs)
-        if self.tokenizer is None:
+        tokenizer = self.tokenizers.get(model or self.scheduler.default_model)
+        if tokenizer is None:
             return [1] * len(texts)
         seqs = texts if pairs is None else list(zip(texts, pairs))
-        lengths = [len(e.ids) for e in self.tokenizer.encode_batch(seqs)]
+        lengths = [len(e.ids) for e in tokenizer.encode_batch(seqs)]
         limit = self.cfg["max_request_tokens"]
         if sum(lengths) > limit:
             raise RequestError(f"request holds {sum(lengths)} tokens, more than this server's limit of {limit} "
                                "(--max-request-tokens); split it into smaller requests")
         return lengths
 
+    def model_of(self, name: str | None) -> str:
+        """The model a ZeroMQ request names (None: the first model); RequestError naming the served ones."""
+        if name is None:
+            return self.scheduler.default_model
+        if name not in self.models:
+            raise RequestError(f"unknown model {name!r}; this server serves {', '.join(map(repr, self.models))}")
+        return name
+
     def enqueue(self, req: Request) -> None:
         from bertopt.protocol import is_predict_request
 
+        model = self.model_of(req.model)
         if is_predict_request(req.texts):  # Client.predict: the task's results
             texts = [i["text"] for i in req.texts]
             pairs = [i["pair"] for i in req.texts] if "pair" in req.texts[0] else None
-            self._take(req.identity, req.request_id, req.texts, self.token_lengths(texts, pairs), KIND_PREDICT)
+            self._take(req.identity, req.request_id, req.texts, self.token_lengths(texts, pairs, model),
+                       KIND_PREDICT, model)
             return
-        task = self.cfg.get("task", "embedding")
+        task = self.models[model].get("task", "embedding")
         if task != "embedding":  # a plain (embedding) request on a task model: say what to use instead
-            self.fail_request(req.key, f"this server serves a {task} model, which has no sentence embeddings; ask "
+            which = "this server serves" if len(self.models) == 1 else f"model {model!r} is"
+            embedders = [n for n, m in self.models.items() if m.get("task") == "embedding"]
+            other = f" (embedding models here: {', '.join(embedders)})" if len(self.models) > 1 and embedders else ""
+            self.fail_request(req.key, f"{which} a {task} model, which has no sentence embeddings; ask "
                                        "for its results with bertopt's Client.predict (or 'bertopt client predict')"
-                                       "; bert-serving-client gets embeddings from embedding models only")
+                                       f"; bert-serving-client gets embeddings from embedding models only{other}")
             return
-        self._take(req.identity, req.request_id, req.texts, self.token_lengths(req.texts), KIND_TEXT)
+        self._take(req.identity, req.request_id, req.texts, self.token_lengths(req.texts, None, model), KIND_TEXT,
+                   model)
 
-    def _take(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes) -> None:
+    def _take(self, identity: bytes, request_id: bytes, items: list, lengths: list[int], kind: bytes,
+              model: str | None = None) -> None:
         self.counters["requests"] += 1
         self.counters["texts"] += len(items)
         self.counters["tokens"] += sum(lengths)
-        self.scheduler.enqueue(identity, request_id, items, lengths, kind)
+        self.scheduler.enqueue(identity, request_id, items, lengths, kind, model)
 
     def handle_http(self, frames: list[bytes]) -> None:
         """The HTTP front end's request: already validated and counted there (a trusted in-process socket)."""
@@ -491,10 +565,11 @@ class Ventilator:
         self.replies_owed += 1
         self.counters["http_requests"] += 1
         payload = json.loads(body)
-        if kind not in KINDS:
-            self.sink.send_multipart([ERROR, HTTP_IDENTITY, request_id, b"internal: unknown request kind"])
+        model = payload.get("model") or self.scheduler.default_model
+        if kind not in KINDS or model not in self.models:
+            self.sink.send_multipart([ERROR, HTTP_IDENTITY, request_id, b"internal: unknown request kind or model"])
             return
-        self._take(HTTP_IDENTITY, request_id, payload["items"], payload["lengths"], kind)
+        self._take(HTTP_IDENTITY, request_id, payload["items"], payload["lengths"], kind, model)
 
     # -- status -------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -516,17 +591,27 @@ class Ventilator:
             "show_tokens_to_client": False,
             "accepting": self.accepting,
             "uptime_s": round(time.time() - self.started, 3),
-            "queue_length": {"priority": len(s.priority), "bulk": len(s.bulk)},
-            "queued_requests": s.queued_requests,
-            "busy_refused": self.admission.refused,
-            "queue_tokens": {"priority": s.priority.tokens, "bulk": s.bulk.tokens},
-            "clients_queued": s.priority.clients() + s.bulk.clients(),
+            "queue_length": s.lane_totals(len),
+            "queued_requests": s.queued_requests(),
+            "busy_refused": sum(a.refused for a in self.admission.values()),
+            "queue_tokens": s.lane_totals(lambda q: q.tokens),
+            "clients_queued": sum(s.lane_totals(FairQueue.clients).values()),
+            "models": [self._model_status(name, m) for name, m in self.models.items()],
             **self.counters,
             **s.counters,
             "worker_restarts": self.pool.restarts,
             "workers_ready": len(self.pool.live()),  # ready = loaded and warmed up (--warmup)
             "workers": [slot.describe() for slot in self.workers],
         }
+
+    def _model_status(self, name: str, m: dict[str, Any]) -> dict[str, Any]:
+        queues = self.scheduler.queues[name]
+        return {"name": name, **{k: m.get(k) for k in ("artifact", "digest", "precision", "task", "embedding_dim",
+                                                        "max_seq_len", "num_worker", "threads_per_worker")},
+                "queue_length": {"priority": len(queues.priority), "bulk": len(queues.bulk)},
+                "queued_requests": self.scheduler.queued_requests(name),
+                "busy_refused": self.admission[name].refused,
+                "workers_ready": len(self.pool.live(name))}
 
     # -- main loop ----------------------------------------------------------------------------------------
     def idle(self) -> bool:
@@ -559,7 +644,8 @@ class Ventilator:
                     return
             self.scheduler.dispatch()
             if self.metrics is not None:
-                self.metrics.queue_depth.set(len(self.scheduler))
+                for name, queues in self.scheduler.queues.items():
+                    self.metrics.queue_depth.labels(name).set(len(queues))
 
     def _drain(self, events, sock, limit: int, handle) -> None:
         if sock not in events:
@@ -598,6 +684,11 @@ class Ventilator:
             for piece in self.scheduler.drain():
                 self.fail_request(piece.key, f"no worker can run: {self.failure}")
             return False
+        for model in self.scheduler.queues:  # a fleet of several models serves on without one whose workers stopped
+            if not self.pool.any_alive(model):
+                for piece in self.scheduler.drain(model):
+                    self.fail_request(piece.key, f"every worker of model {model!r} stopped (they failed to start; "
+                                                 "see the server log); its requests cannot be answered")
         return True
 
     def stop_workers(self, timeout_s: float) -> None:
