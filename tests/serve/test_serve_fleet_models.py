@@ -331,3 +331,42 @@ def test_every_task_and_tokenizer_kind_on_one_fleet(task_artifact, start_server)
     assert [t["id"] for t in tokens[0]] == pred["cls"].tokenize(["hello world"])[0].ids  # RoBERTa's ids, not BERT's
     wrong = httpx.post(server.url + "/embed", json={"inputs": "x"}, timeout=30)
     assert wrong.status_code == 400 and "none of this server's models is one" in wrong.json()["error"]
+
+
+def test_a_flood_refused_as_busy_on_one_model_leaves_the_other_admitted(arts, predictors, start_server):
+    """Each model's queue has its own bound (--max-queued-requests): while the embedder's clients get busy replies,
+    the reranker's requests are still taken and answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bertopt.client import ServerBusy
+
+    server = start_server(f"embed={arts['embed'].path}", f"rerank={arts['rerank'].path}", "--max-queued-requests",
+                          "1", "--max-batch-size", "4", num_worker=1)
+    texts = [f"sentence number {i} about the cat on the mat" for i in range(32)]
+
+    def flood() -> list:
+        with server.client(timeout=60) as client:
+            futures = [client.encode_async(texts) for _ in range(60)]
+            outcomes = []
+            for fut in futures:
+                try:
+                    outcomes.append(fut.result(120))
+                except ServerBusy as exc:
+                    outcomes.append(exc)
+            return outcomes
+
+    with ThreadPoolExecutor(1) as pool:
+        flooding = pool.submit(flood)
+        reranked = []
+        with server.client(model="rerank", timeout=60) as client:
+            while not flooding.done():  # every rerank request sent while the embedder is flooded is taken
+                reranked.append(client.predict([QUERY] * 4, TASK_TEXTS[:4]))
+        outcomes = flooding.result()
+    assert any(isinstance(o, ServerBusy) for o in outcomes)  # the embedder's queue did overflow
+    assert reranked
+    want = predictors["rerank"].predict([QUERY] * 4, TASK_TEXTS[:4])
+    for got in reranked:
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    with server.client() as client:
+        by_model = {m["name"]: m for m in client.status()["models"]}
+    assert by_model["embed"]["busy_refused"] > 0 and by_model["rerank"]["busy_refused"] == 0
