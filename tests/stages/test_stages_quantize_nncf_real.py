@@ -31,15 +31,16 @@ def test_static_int8_passes_the_gate_on_minilm(tmp_path, cli):
     assert report["quantized_nodes"] > 0 and report["held_back"]["cos_min"] >= 0.997
 
 
-def test_static_int8_refuses_rather_than_ship_an_unfaithful_mpnet(tmp_path, cli):
-    # all-mpnet-base-v2's outlier tokens: as quantised (FFN outputs float) cos min 0.987 on held-back text, 0.9949
-    # with the bound's 24 more MatMuls in float - under the 0.997 target, so the candidate is refused in one line
-    # and nothing is written (tune exits 1: no candidate passed)
+def test_mpnet_static_int8_meets_its_held_back_target_but_tune_refuses_its_batch_dependent_token_states(tmp_path,
+                                                                                                     cli):
+    # all-mpnet-base-v2's outlier tokens: as quantised (FFN outputs float) cos min 0.987 on held-back text; the
+    # ranked search puts about 44 more MatMuls back to float activations (within the bound, 48) until the sentence
+    # embedding meets 0.997, but the token states still move ~1.7e-3 with their batch-mates: tune's gate holds every
+    # output to batch_dev <= 1e-3, so the candidate fails it and nothing is written (exit 1)
     out = tmp_path / "tuned"
     code, stdout, err = cli("tune", "builtin:mpnet", "--out", out, "--candidates", "openvino-int8-static",
-                            "--rounds", "1")
+                            "--rounds", "1", "--max-texts", "64")
     assert code == 1, err + stdout
-    text = " ".join(stdout.split())
-    assert "openvino-int8-static: refused: static int8 misses cos_min>=0.997 / batch_dev<=0.001 on held-back" in text
-    assert "with 24 more MatMuls in float, the bound" in text
+    said = " ".join((stdout + err).split())
+    assert "openvino-int8-static: failed the gate: last_hidden_state.batch_dev <= 0.001 (batched: measured" in said
     assert not out.exists()

@@ -59,7 +59,7 @@ NNCF_PARAMS = (
           choices=PRESETS),
     Param("keep_ffn_output", bool, True, "int8-static --runtime openvino: keep the FFN output projections in "
           "float from the start (their GELU-fed inputs are the ones a fixed int8 scale handles worst)."),
-    Param("max_float_extra", int, 24, "int8-static --runtime openvino: at most this many more MatMuls the ranked "
+    Param("max_float_extra", int, 48, "int8-static --runtime openvino: at most this many more MatMuls the ranked "
           "search may put back to float activations when the measured cosine misses the target (0: none; the "
           "stage then refuses rather than ship an unfaithful model).", min=0),
 )
@@ -352,7 +352,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     search: dict[str, Any] = {"ranking": [], "steps": [], "restored": []}
     model = quantized
     if not _holds(measured, target):
-        bound = int(config.get("max_float_extra", 24))
+        bound = int(config.get("max_float_extra", 48))
         found, restored, ranking, steps = rank_and_restore(quantized, meter, target, bound, measured)
         search = {"ranking": ranking, "steps": steps, "restored": restored}
         if found is None:
