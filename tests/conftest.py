@@ -6,8 +6,8 @@ Fixtures that build models are session-scoped: a tiny BERT exports in a couple o
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -124,9 +124,10 @@ def pytest_addoption(parser):
                      "minilm-fastest-cpu: the served-equals-validated tests on a bf16 artifact).")
 
 
-@dataclass
-class RecipeRun:
-    """One ``bertopt run`` in a process of its own: exit code, what it printed, and where it wrote."""
+class RecipeRun(NamedTuple):
+    """One ``bertopt run`` in a process of its own: exit code, what it printed, and where it wrote. (No
+    dataclass: some test modules load this conftest by path, outside sys.modules, where a dataclass cannot
+    resolve its annotations.)"""
 
     code: int
     stdout: str

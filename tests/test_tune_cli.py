@@ -89,7 +89,8 @@ def test_a_candidate_that_cannot_run_is_one_line_and_tune_goes_on(tiny_model, tm
     by_name = {c["name"]: c for c in result.record["candidates"]}
     assert by_name["onnxruntime-fp16-cuda"]["status"] == "refused"
     refusal = next(line for line in lines if line.startswith("onnxruntime-fp16-cuda: refused: "))
-    assert "\n" not in refusal and "CUDA" in refusal
+    assert "\n" not in refusal and "provider 'cuda' is not available in onnxruntime" in refusal
+    assert "pip install 'bertopt[gpu]'" in refusal  # the runtime's one line names the extra that has CUDA
     assert result.record["winner"] == "onnxruntime-fp32"
 
 
