@@ -26,3 +26,18 @@ def served_deviation(got, want) -> float:
     if got.shape != want.shape:
         raise AssertionError(f"served shape {got.shape} != in-process shape {want.shape}")
     return float(np.max(1.0 - cosine_rows(got, want))) if len(got) else 0.0
+
+
+def encode_flood(client, texts: list[str], n: int, wait_s: float = 60) -> list:
+    """``n`` encode requests of ``texts`` sent at once by bertopt's ``Client``; each outcome is the array or the
+    ``ServerBusy`` the request was refused with (a full queue, ``--max-queued-requests``)."""
+    from bertopt.client import ServerBusy
+
+    futures = [client.encode_async(texts) for _ in range(n)]
+    outcomes = []
+    for fut in futures:
+        try:
+            outcomes.append(fut.result(wait_s))
+        except ServerBusy as exc:
+            outcomes.append(exc)
+    return outcomes

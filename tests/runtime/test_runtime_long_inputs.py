@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from long_texts import text_of
 
-from bertopt.data import corpus
 from bertopt.errors import UserError
 from bertopt.runtime import Predictor
 from bertopt.tiny_models import FAMILY_FIXTURES
-
-
-def text_of(predictor: Predictor, tokens: int) -> str:
-    """Built-in corpus paragraphs joined until the text holds at least ``tokens`` tokens (special ones included)."""
-    full = predictor.untruncated_tokenizer()
-    paragraphs = [t for t in corpus() if t]
-    out, i = "", 0
-    while len(full.encode(out).ids) < tokens:
-        out += (" " if out else "") + paragraphs[i % len(paragraphs)]
-        i += 1
-    return out
 
 
 def fitting_text(predictor: Predictor) -> str:

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from served_checks import encode_flood
 
 from bertopt.protocol import BUSY_PREFIX, is_busy
 from bertopt.serve.admission import Admission
@@ -93,13 +94,7 @@ def test_a_flood_gets_busy_replies_the_clients_raise_and_the_server_lives_on(tin
         assert "(--max-queued-requests 1); the request did not run: send it again shortly" in message
 
     with server.client(timeout=30) as client:
-        futures = [client.encode_async(TEXTS) for _ in range(40)]
-        outcomes = []
-        for fut in futures:
-            try:
-                outcomes.append(fut.result(60))
-            except ServerBusy as exc:
-                outcomes.append(exc)
+        outcomes = encode_flood(client, TEXTS, 40)
         busy = [o for o in outcomes if isinstance(o, ServerBusy)]
         done = [o for o in outcomes if isinstance(o, np.ndarray)]
         assert busy and done and len(busy) + len(done) == 40

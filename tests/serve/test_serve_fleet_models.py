@@ -13,7 +13,7 @@ import sys
 import httpx
 import numpy as np
 import pytest
-from served_checks import served_deviation
+from served_checks import encode_flood, served_deviation
 from task_models import TASK_TEXTS
 
 from bertopt.artifact import Artifact
@@ -346,14 +346,7 @@ def test_a_flood_refused_as_busy_on_one_model_leaves_the_other_admitted(arts, pr
 
     def flood() -> list:
         with server.client(timeout=60) as client:
-            futures = [client.encode_async(texts) for _ in range(60)]
-            outcomes = []
-            for fut in futures:
-                try:
-                    outcomes.append(fut.result(120))
-                except ServerBusy as exc:
-                    outcomes.append(exc)
-            return outcomes
+            return encode_flood(client, texts, 60, wait_s=120)
 
     with ThreadPoolExecutor(1) as pool:
         flooding = pool.submit(flood)

@@ -6,21 +6,11 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from long_texts import text_of
 
-from bertopt.data import corpus
 from bertopt.runtime import Predictor
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
-
-
-def text_of(predictor: Predictor, tokens: int) -> str:
-    full = predictor.untruncated_tokenizer()
-    paragraphs = [t for t in corpus() if t]
-    out, i = "", 0
-    while len(full.encode(out).ids) < tokens:
-        out += (" " if out else "") + paragraphs[i % len(paragraphs)]
-        i += 1
-    return out
 
 
 def test_minilm_server_chunks_http_by_default_and_zeromq_keeps_truncating(minilm_onnx, start_server):
