@@ -186,3 +186,20 @@ def artifact_contender(name: str, art, threads: int | None, batch_size: int, **p
 
     pred = Predictor(art, provider="cpu", threads=threads, batch_size=batch_size, **predictor_options)
     return Contender(name, pred, {"artifact": str(art.path), "precision": art.precision, **pred.describe()})
+
+
+def add_recipe_candidate_args(parser, recipes: list[str], first_is: str) -> None:
+    """The recipe-candidate scripts' options (static_int8.py, default_candidates.py): which recipes, and how many
+    probe texts the batch-deviation check uses; their shared defaults for rounds and texts."""
+    add_common_args(parser)
+    parser.add_argument("--recipes", nargs="+", default=recipes, help=f"Candidate recipes; the first is {first_is}.")
+    parser.add_argument("--probes", type=int, default=64, help="Texts per set in the batch-deviation check.")
+    parser.set_defaults(rounds=3, texts=64, latency_calls=10)
+
+
+def holds(result: dict, cos_min: float, dev_max: float) -> bool:
+    """A measured candidate's fidelity bar: cosine min >= ``cos_min`` on the corpus and the mixed text, and batch
+    deviation <= ``dev_max`` on every probe set."""
+    fid = result["fidelity"]
+    return bool(min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= cos_min
+                and max(result["batch_dev"].values()) <= dev_max)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
+from common import add_recipe_candidate_args, holds, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
 
 CANDIDATES = ["minilm-int8-cpu", "minilm-int8-accurate", "minilm-fastest-cpu", "minilm-faithful-cpu"]
 COS_MIN = 0.995
@@ -33,11 +33,7 @@ DEV_MAX = 1e-4
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
-    parser.add_argument("--recipes", nargs="+", default=CANDIDATES,
-                        help="Candidate recipes; the first is the baseline (today's default).")
-    parser.add_argument("--probes", type=int, default=64, help="Texts per set in the batch-deviation check.")
-    parser.set_defaults(rounds=3, texts=64, latency_calls=10)
+    add_recipe_candidate_args(parser, CANDIDATES, "the baseline (today's default)")
     args = parser.parse_args(argv)
 
     from rich.console import Console
@@ -49,11 +45,7 @@ def main(argv=None) -> int:
     say = progress_printer()
     results, host = measure_with_batch_dev(args, say, "old-default")
     for res in results:
-        fid = res["fidelity"]
-        res["meets_default_bar"] = bool(
-            min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= COS_MIN
-            and max(res["batch_dev"].values()) <= DEV_MAX
-            and res["vs"]["old-default"]["mixed"] >= 1.0)
+        res["meets_default_bar"] = holds(res, COS_MIN, DEV_MAX) and res["vs"]["old-default"]["mixed"] >= 1.0
 
     table = Table(title=f"default candidates ({args.model}); bar: cos min >= {COS_MIN} on both texts, batch dev <= "
                   f"{DEV_MAX:g}, mixed-text speed >= the old default ({args.recipes[0]})", title_justify="left",

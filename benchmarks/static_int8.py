@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
+from common import add_recipe_candidate_args, holds, measure_with_batch_dev, output_path, progress_printer  # noqa: E402
 
 CANDIDATES = ["minilm-fastest-cpu", "minilm-int8-static", "minilm-int8-accurate"]
 COS_MIN = 0.995
@@ -34,11 +34,7 @@ DEV_MAX = 1e-3
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
-    parser.add_argument("--recipes", nargs="+", default=CANDIDATES,
-                        help="Candidate recipes; the first is the yardstick (OpenVINO bf16).")
-    parser.add_argument("--probes", type=int, default=64, help="Texts per set in the batch-deviation check.")
-    parser.set_defaults(rounds=3, texts=64, latency_calls=10)
+    add_recipe_candidate_args(parser, CANDIDATES, "the yardstick (OpenVINO bf16)")
     args = parser.parse_args(argv)
 
     from rich.console import Console
@@ -50,10 +46,7 @@ def main(argv=None) -> int:
     say = progress_printer()
     results, host = measure_with_batch_dev(args, say, "bf16")
     for res in results:
-        fid = res["fidelity"]
-        res["faithful"] = bool(
-            min(fid["corpus"]["cos_min"], fid["mixed"]["cos_min"]) >= COS_MIN
-            and max(res["batch_dev"].values()) <= DEV_MAX)
+        res["faithful"] = holds(res, COS_MIN, DEV_MAX)
 
     table = Table(title=f"static int8 vs the CPU recipes ({args.model}); faithful: cos min >= {COS_MIN} on both texts, "
                   f"batch dev <= {DEV_MAX:g}; speed as a ratio to {args.recipes[0]}", title_justify="left",
