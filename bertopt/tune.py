@@ -178,15 +178,20 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                    "openvino", "bf16", why="bf16 is native (AVX-512 BF16 / AMX)"),
          None if bf16 else "bf16 is not native on this CPU (no AVX-512 BF16 / AMX): OpenVINO would run it as f32"),
         (Candidate("onnxruntime-fp32", [("optimize", {})], "onnxruntime", "fp32", why="every CPU"), None),
+        # built on every CPU: its int8 kernels are the fastest ONNX Runtime has with or without VNNI, and whether
+        # it is faithful (it saturates without VNNI; its activation scale is the whole batch's) is the gate's call
         (Candidate("onnxruntime-int8", [("optimize", {}), ("quantize", {"mode": "int8-dynamic", "per_channel": True})],
-                   "onnxruntime", "int8-dynamic", why="int8 dot product (VNNI / AMX)"),
-         None if int8_dot else "no int8 dot product (VNNI / AMX): ONNX Runtime's u8s8 int8 kernels saturate"),
+                   "onnxruntime", "int8-dynamic",
+                   why="every CPU" + ("" if int8_dot else " (no VNNI: its u8s8 kernels can saturate)")), None),
         (Candidate("onnxruntime-fp16-cuda", [("optimize", {}), ("quantize", {"mode": "fp16"})], "onnxruntime", "fp16",
                    provider="cuda", why="ONNX Runtime has " + ", ".join(gpus)),
          None if "CUDAExecutionProvider" in gpus else "no CUDA provider in this ONNX Runtime (no usable GPU)"),
+        # without VNNI / AMX OpenVINO runs int8 MatMuls with oneDNN's jit_gemm kernels, not brgemm: on an AVX2-only
+        # CPU MiniLM's static int8 ran at 0.77x its f32 (docs/performance.md), so there is no speed to win
         (Candidate("openvino-int8-static", [("quantize", static)], "openvino", "int8-static",
                    why="int8 dot product (VNNI / AMX)"),
-         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU: OpenVINO's int8 kernels there are "
+                               "slower than its f32 ones"),
         (Candidate("openvino-int8-accurate", [("quantize", accurate)], "openvino", "int8-dynamic",
                    why="int8 dot product (VNNI / AMX)"),
          None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
