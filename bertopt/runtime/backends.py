@@ -103,12 +103,46 @@ def ort_build() -> str:
     return " and ".join(found) or "an ONNX Runtime of unknown origin"
 
 
+TENSORRT_LIBRARY = "libnvinfer.so.10"  # the TensorRT major version onnxruntime-gpu 1.31 links
+
+
+def tensorrt_libraries_problem() -> str | None:
+    """None when TensorRT itself can be loaded, else why not. onnxruntime-gpu lists TensorrtExecutionProvider
+    whenever its own provider library is installed, with or without TensorRT (seen on an H100 machine: the
+    session then falls back to CUDA after printing an error)."""
+    import ctypes
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:  # the wheel of the tensorrt extra loads libnvinfer
+        try:
+            importlib.import_module("tensorrt")
+            return None
+        except Exception as exc:  # an ImportError or a loader error from its native part
+            return f"the tensorrt package does not load ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+    try:
+        ctypes.CDLL(TENSORRT_LIBRARY)
+    except OSError:
+        return f"TensorRT ({TENSORRT_LIBRARY}) is not installed"
+    return None
+
+
+def usable_providers(available: Sequence[str], tensorrt_problem: Callable[[], str | None] | None = None) -> list[str]:
+    """``available`` (ONNX Runtime's list) less TensorRT when TensorRT itself cannot be loaded."""
+    if "TensorrtExecutionProvider" in available and (tensorrt_problem or tensorrt_libraries_problem)():
+        return [p for p in available if p != "TensorrtExecutionProvider"]
+    return list(available)
+
+
 def provider_unavailable(provider: str, available: Sequence[str], build: str) -> str:
     """The one line for a provider this ONNX Runtime does not have: what it has, and the extra to install."""
     has = ", ".join(p.removesuffix("ExecutionProvider").lower() for p in available)
     if " and " in build:  # both wheels: the CPU one shadows the GPU one
         return (f"provider '{provider}' is not available: {build} are both installed and share one module; "
                 "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'bertopt[gpu]'")
+    if provider == "tensorrt" and "CUDAExecutionProvider" in available:  # the GPU build without TensorRT itself
+        return (f"provider 'tensorrt' is not available: {build} has its TensorRT provider but "
+                f"{tensorrt_libraries_problem() or 'TensorRT does not load'}; install it with: pip install "
+                "'bertopt[tensorrt]' (or run in a TensorRT container), or use --provider cuda")
     extra = "tensorrt" if provider == "tensorrt" else "gpu"
     return (f"provider '{provider}' is not available in {build} (it has: {has}); on a machine with an NVIDIA GPU "
             f"install the GPU build with: pip install 'bertopt[{extra}]' (in place of 'bertopt[cpu]'), or use "
@@ -277,7 +311,8 @@ class OrtSession:
             raise UserError(f"ONNX Runtime runs ONNX models, not {model.model_format} ({model.shown_as}); "
                             f"use --runtime {DEFAULT_RUNTIMES[model.model_format]}")
         runtime_options = model.runtime_options
-        wanted = choose_providers(provider, ort.get_available_providers(), runtime_options.get("provider"))
+        wanted = choose_providers(provider, usable_providers(ort.get_available_providers()),
+                                  runtime_options.get("provider"))
         gpu = GpuOptions.from_runtime_options(runtime_options, device_id)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or default_threads()

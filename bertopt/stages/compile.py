@@ -63,10 +63,10 @@ def preflight(config: dict[str, Any], where: str) -> None:
         raise UserError(f"{where}: --provider {config['provider']} is an ONNX Runtime provider; "
                         "use --runtime onnxruntime")
     from bertopt.errors import require_onnxruntime
-    from bertopt.runtime.backends import choose_providers
+    from bertopt.runtime.backends import choose_providers, usable_providers
 
     try:
-        choose_providers(config["provider"], require_onnxruntime("compile").get_available_providers())
+        choose_providers(config["provider"], usable_providers(require_onnxruntime("compile").get_available_providers()))
     except UserError as exc:
         raise UserError(f"{where}: compiling for a GPU needs one here: {exc}") from None
 

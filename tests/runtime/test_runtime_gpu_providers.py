@@ -19,6 +19,7 @@ import tomllib
 from bertopt.errors import UserError
 from bertopt.runtime import Predictor
 from bertopt.runtime.backends import (
+    TENSORRT_LIBRARY,
     GpuOptions,
     bind_arguments,
     choose_providers,
@@ -26,6 +27,8 @@ from bertopt.runtime.backends import (
     prepare_engine_cache,
     provider_unavailable,
     run_bound,
+    tensorrt_libraries_problem,
+    usable_providers,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +136,6 @@ def test_provider_choice(provider, available, recorded, expected):
 @pytest.mark.parametrize("provider, available, extra", [
     ("cuda", CPU_ONLY, "gpu"),
     ("tensorrt", CPU_ONLY, "tensorrt"),
-    ("tensorrt", WITH_CUDA, "tensorrt"),
 ])
 def test_an_unavailable_provider_names_what_there_is_and_the_extra(provider, available, extra):
     with pytest.raises(UserError) as caught:
@@ -143,6 +145,46 @@ def test_an_unavailable_provider_names_what_there_is_and_the_extra(provider, ava
     assert message == (f"provider '{provider}' is not available in onnxruntime 1.31.1 (it has: {has}); on a machine "
                        f"with an NVIDIA GPU install the GPU build with: pip install 'bertopt[{extra}]' (in place of "
                        "'bertopt[cpu]'), or use --provider cpu")
+
+
+def test_the_gpu_build_without_tensorrt_itself_names_the_tensorrt_extra():
+    # onnxruntime-gpu lists its TensorRT provider whether or not TensorRT is installed (seen on an H100 machine):
+    # the provider is dropped when libnvinfer cannot be loaded, and asking for it says what is missing
+    missing = lambda: "TensorRT (libnvinfer.so.10) is not installed"  # noqa: E731
+    assert usable_providers(WITH_TRT, missing) == WITH_CUDA
+    assert usable_providers(WITH_TRT, lambda: None) == WITH_TRT
+    assert usable_providers(CPU_ONLY, missing) == CPU_ONLY
+    with pytest.raises(UserError) as caught:
+        choose_providers("tensorrt", usable_providers(WITH_TRT, missing), build="onnxruntime-gpu 1.31.1")
+    message = str(caught.value)
+    assert message.startswith("provider 'tensorrt' is not available: onnxruntime-gpu 1.31.1 has its TensorRT "
+                              "provider but ")
+    assert message.endswith("install it with: pip install 'bertopt[tensorrt]' (or run in a TensorRT container), "
+                            "or use --provider cuda")
+    # an artifact compiled for TensorRT still runs on CUDA under auto
+    assert choose_providers("auto", usable_providers(WITH_TRT, missing), "tensorrt") == WITH_CUDA
+
+
+def test_tensorrt_libraries_problem_names_the_library_where_it_does_not_load():
+    import ctypes
+
+    try:
+        ctypes.CDLL(TENSORRT_LIBRARY)
+        loads = True
+    except OSError:
+        loads = False
+    problem = tensorrt_libraries_problem()
+    assert (problem is None) == (loads or _tensorrt_package_loads())
+    if problem is not None and not _tensorrt_package_loads():
+        assert problem == f"TensorRT ({TENSORRT_LIBRARY}) is not installed"
+
+
+def _tensorrt_package_loads() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except Exception:  # absent, or its native part does not load
+        return False
+    return True
 
 
 def test_both_builds_installed_is_named_with_the_fix():
@@ -344,7 +386,8 @@ def test_cuda_session_binds_outputs_and_matches_the_cpu(tiny_onnx):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.skipif("TensorrtExecutionProvider" not in ort.get_available_providers(), reason="no TensorRT")
+@pytest.mark.skipif("TensorrtExecutionProvider" not in ort.get_available_providers()
+                    or tensorrt_libraries_problem() is not None, reason="no TensorRT")
 def test_tensorrt_session_caches_its_engine_beside_the_artifact(tiny_onnx):
     handle = tiny_onnx.model_handle()
     compiled = dataclasses.replace(handle, runtime_options={"provider": "tensorrt"})
@@ -359,6 +402,17 @@ def test_tensorrt_session_caches_its_engine_beside_the_artifact(tiny_onnx):
 def test_validate_takes_the_device_id_and_refuses_a_negative_one(tiny_onnx, cli):
     code, _, err = cli("validate", tiny_onnx.path, "--device-id", "-1")
     assert code == 2 and "'device_id' must be at least 0, got -1" in err
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.skipif(tensorrt_libraries_problem() is None, reason="TensorRT is installed here")
+def test_tensorrt_without_tensorrt_installed_is_one_line_naming_the_extra(tiny_onnx):
+    # onnxruntime-gpu without TensorRT itself: one line before any session (no fallback to CUDA behind the back)
+    with pytest.raises(UserError) as caught:
+        Predictor(tiny_onnx.path, provider="tensorrt")
+    assert "pip install 'bertopt[tensorrt]'" in str(caught.value) and "\n" not in str(caught.value)
+    assert Predictor(tiny_onnx.path, provider="cuda").session.provider == "CUDAExecutionProvider"
 
 
 @pytest.mark.gpu
