@@ -72,14 +72,16 @@ def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, 
     """Peak arithmetic rate per data type from the clock and the vector/matrix units the CPU reports.
 
     Assumes two 512-bit FMA pipes per core (Zen 5, Sapphire Rapids and later; Zen 4 runs 512-bit ops
-    double-pumped and has half of this). FLOPs per cycle per core: fp32 FMA 2 pipes x 16 lanes x 2;
+    double-pumped and has half of this), or two 256-bit ones on an AVX2-only CPU (fp32 2 x 8 x 2; no int8 or
+    bf16 peak is given there: neither has a dot-product instruction). FLOPs per cycle per core: fp32 FMA 2 pipes
+    x 16 lanes x 2;
     bf16 dot product (VDPBF16PS) 2 x 16 x 4; int8 VNNI (VPDPBUSD) 2 x 16 x 8 ops; AMX tiles (where present)
     bf16 1024 and int8 2048 per cycle.
     """
     ghz = (machine.get("cpu_mhz") or 0) / 1000
     cores = cores or machine.get("cpus") or 1
     flags = set(machine.get("flags") or [])
-    per_cycle = {"fp32": 64}
+    per_cycle = {"fp32": 64 if "avx512f" in flags else 32}
     if "avx512_bf16" in flags:
         per_cycle["bf16"] = 128
     if "avx512_vnni" in flags:
@@ -88,7 +90,8 @@ def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, 
         per_cycle["bf16"] = 1024
     if "amx_int8" in flags:
         per_cycle["int8"] = 2048
-    return {"ghz": ghz, "cores": cores, "assumption": "2x512-bit FMA pipes/core; AMX if flagged",
+    pipes = "2x512-bit" if "avx512f" in flags else "2x256-bit (AVX2)"
+    return {"ghz": ghz, "cores": cores, "assumption": f"{pipes} FMA pipes/core; AMX if flagged",
             **{k: v * ghz * cores for k, v in per_cycle.items()}}
 
 

@@ -45,6 +45,8 @@ def add_args(parser) -> None:
                         "folders to measure.")
     parser.add_argument("--peer-venv", type=Path, default=HERE.parent / "peer-venv", help="--st-peers: the venv "
                         "with optimum-intel (benchmarks/peer-venv.sh makes it).")
+    parser.add_argument("--st-bf16", action="store_true", help="--st-peers: run sentence-transformers' bf16 "
+                        "autocast contender even where bf16 is not native (it is skipped there by default).")
     parser.add_argument("--peer-cache", type=Path, default=None, help="--st-peers: where the peer's static int8 "
                         "model is built (reused when present; default: under --out).")
 
@@ -56,6 +58,10 @@ def cpu_line(machine: dict[str, Any]) -> str:
     missing = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f not in feats]
     return (f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores')} usable cores, "
             f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else ""))
+
+
+def native_bf16(machine: dict[str, Any]) -> bool:
+    return bool(set(machine.get("cpu_features") or []) & {"avx512_bf16", "amx_bf16"})
 
 
 def long_texts(n: int, min_words: int) -> list[str]:
@@ -187,6 +193,9 @@ def main(args) -> int:
             if spec["kind"] in PEER_KINDS and not Path(python).exists():
                 w.skipped = (f"no peer venv at {args.peer_venv}: create it with benchmarks/peer-venv.sh "
                              f"{args.peer_venv}")
+            elif spec.get("bf16") and not native_bf16(machine) and not args.st_bf16:
+                # PyTorch emulates bf16 there (slower than its fp32): minutes a round, and no user's choice
+                w.skipped = "bf16 is not native on this CPU (no AVX-512 BF16 / AMX); --st-bf16 runs it anyway"
             workers.append(w)
         try:
             for w in workers:
