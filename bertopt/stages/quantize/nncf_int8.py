@@ -334,8 +334,16 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     alpha = SMOOTH_ALPHA if config.get("smooth_alpha") is None else float(config["smooth_alpha"])
     # bias correction off: it fits each bias to the int8 activations, so a MatMul the search puts back to float
     # would keep a bias corrected for an error it no longer has
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    from bertopt.machine import has_int8_dot_product
+
+    # without an int8 dot product (VNNI / AMX) the CPU multiplies u8 x s8 pairs into 16-bit sums that saturate:
+    # weights in half the int8 range (NNCF's overflow fix) keep every sum in range there
+    overflow_fix = OverflowFix.DISABLE if has_int8_dot_product() else OverflowFix.ENABLE
     advanced = nncf.AdvancedQuantizationParameters(
-        disable_bias_correction=True, smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha))
+        disable_bias_correction=True, smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha),
+        overflow_fix=overflow_fix)
     preset = {"mixed": nncf.QuantizationPreset.MIXED, "performance": nncf.QuantizationPreset.PERFORMANCE}
     previous = logging.getLogger("nncf").level
     logging.getLogger("nncf").setLevel(logging.ERROR)
@@ -382,6 +390,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
             "method": f"nncf.quantize(model_type=TRANSFORMER, preset={config.get('nncf_preset', 'mixed')}, "
                       "SmoothQuant) on the OpenVINO model",
             "smooth_quant_alpha": alpha,
+            "weights": "int8, 7-bit range (NNCF overflow fix: built where the CPU has no VNNI / AMX)"
+                       if overflow_fix == OverflowFix.ENABLE else "int8, full range",
             "after": {"ops": dict(Counter(op.get_type_name() for op in model.get_ops()).most_common())},
             "quantized_nodes": len(int8_ops), "kept_float_nodes": sorted(float_ops),
             "ignored_scope": ignored, "restored_to_float": search["restored"],
