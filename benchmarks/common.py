@@ -118,7 +118,7 @@ def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) ->
 
     import torch
 
-    from bertopt.machine import cpu_features
+    from bertopt.machine import has_native_bf16
 
     if threads:
         torch.set_num_threads(threads)
@@ -126,7 +126,7 @@ def gemm_ceiling(threads: int | None = None, n: int = 2048, repeats: int = 5) ->
     kinds = [("fp32", torch.float32)]
     # without AVX-512 BF16 / AMX, a bf16 matmul runs a scalar fallback: minutes for one 2048^3 product, and no
     # ceiling worth reporting
-    if cpu_features() & {"avx512_bf16", "amx_bf16"}:
+    if has_native_bf16():
         kinds.append(("bf16", torch.bfloat16))
     for name, dtype in kinds:
         a = torch.randn(n, n).to(dtype)

@@ -60,10 +60,6 @@ def cpu_line(machine: dict[str, Any]) -> str:
             f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else ""))
 
 
-def native_bf16(machine: dict[str, Any]) -> bool:
-    return bool(set(machine.get("cpu_features") or []) & {"avx512_bf16", "amx_bf16"})
-
-
 def long_texts(n: int, min_words: int) -> list[str]:
     """``n`` texts of at least ``min_words`` words (built-in corpus sentences joined): longer than the padded
     workload's token count, so every contender truncates to exactly that many tokens."""
@@ -164,7 +160,7 @@ def main(args) -> int:
     from bertopt.bench import mixed_texts
     from bertopt.data import corpus
     from bertopt.errors import UserError
-    from bertopt.machine import machine_info
+    from bertopt.machine import has_native_bf16, machine_info
     from bertopt.measure.compare import cosine_rows
     from bertopt.output_paths import write_json
     from bertopt.sources import resolve_source
@@ -193,7 +189,7 @@ def main(args) -> int:
             if spec["kind"] in PEER_KINDS and not Path(python).exists():
                 w.skipped = (f"no peer venv at {args.peer_venv}: create it with benchmarks/peer-venv.sh "
                              f"{args.peer_venv}")
-            elif spec.get("bf16") and not native_bf16(machine) and not args.st_bf16:
+            elif spec.get("bf16") and not has_native_bf16() and not args.st_bf16:
                 # PyTorch emulates bf16 there (slower than its fp32): minutes a round, and no user's choice
                 w.skipped = "bf16 is not native on this CPU (no AVX-512 BF16 / AMX); --st-bf16 runs it anyway"
             workers.append(w)

@@ -22,6 +22,12 @@ def cpu_features() -> set[str]:
     return set()
 
 
+def has_native_bf16(features: set[str] | None = None) -> bool:
+    """AVX-512 BF16 or AMX: bf16 computed natively. Elsewhere OpenVINO runs a bf16 request as f32 and PyTorch
+    emulates bf16 (slower than its fp32)."""
+    return bool((cpu_features() if features is None else set(features)) & {"avx512_bf16", "amx_bf16"})
+
+
 def has_int8_dot_product() -> bool:
     """VNNI or AMX: an int8 dot product without 16-bit intermediates. Without it ONNX Runtime's u8s8 int8 kernels
     saturate (less faithful int8) and OpenVINO keeps activations float (no dynamic quantisation)."""

@@ -145,10 +145,10 @@ def test_compare_st_peers_smoke_without_peer_venv(tiny_hf, tiny_onnx, tmp_path):
     for name in ('sentence-transformers backend="openvino"', "sentence-transformers static int8 OpenVINO"):
         assert rows[name]["skipped"] == f"no peer venv at {missing}: create it with benchmarks/peer-venv.sh {missing}"
     # bf16 autocast only where bf16 is native: PyTorch emulates it elsewhere, slower than its fp32
-    from bertopt.machine import cpu_features
+    from bertopt.machine import has_native_bf16
 
     bf16 = rows["sentence-transformers PyTorch bf16 autocast"]
-    if cpu_features() & {"avx512_bf16", "amx_bf16"}:
+    if has_native_bf16():
         assert "skipped" not in bf16 and len(bf16["mixed_texts_per_s_rounds"]) == 2
     else:
         assert bf16["skipped"] == "bf16 is not native on this CPU (no AVX-512 BF16 / AMX); --st-bf16 runs it anyway"

@@ -8,6 +8,7 @@ that reads the handle's fields and nothing else; the Predictor never branches on
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,7 @@ def ort_build() -> str:
 TENSORRT_LIBRARY = "libnvinfer.so.10"  # the TensorRT major version onnxruntime-gpu 1.31 links
 
 
+@functools.lru_cache(maxsize=1)  # asked at every session start: load (or fail to load) libnvinfer once
 def tensorrt_libraries_problem() -> str | None:
     """None when TensorRT itself can be loaded, else why not. onnxruntime-gpu lists TensorrtExecutionProvider
     whenever its own provider library is installed, with or without TensorRT (seen on an H100 machine: the
