@@ -28,10 +28,10 @@ def has_native_bf16(features: set[str] | None = None) -> bool:
     return bool((cpu_features() if features is None else set(features)) & {"avx512_bf16", "amx_bf16"})
 
 
-def has_int8_dot_product() -> bool:
+def has_int8_dot_product(features: set[str] | None = None) -> bool:
     """VNNI or AMX: an int8 dot product without 16-bit intermediates. Without it ONNX Runtime's u8s8 int8 kernels
     saturate (less faithful int8) and OpenVINO keeps activations float (no dynamic quantisation)."""
-    return bool(cpu_features() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return bool((cpu_features() if features is None else set(features)) & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def machine_info() -> dict[str, Any]:

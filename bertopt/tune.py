@@ -154,11 +154,11 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                     calibration_data: str | None = None) -> tuple[list[Candidate], list[Outcome]]:
     """The candidates worth building on this machine (cheapest first, so a passing one exists early when the
     budget is short), and those left out with why."""
-    from bertopt.machine import cpu_features, has_native_bf16
+    from bertopt.machine import cpu_features, has_int8_dot_product, has_native_bf16
 
     features = cpu_features() if features is None else set(features)
     gpus = gpu_providers() if gpus is None else gpus
-    int8_dot = bool(features & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    int8_dot = has_int8_dot_product(features)
     bf16 = has_native_bf16(features)
     named = ", ".join(sorted(features)) or "no AVX-512/VNNI/AMX features read"
     ov = {"runtime": "openvino", "performance_hint": "LATENCY"}

@@ -332,8 +332,6 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     from nncf.quantization.advanced_parameters import AdvancedSmoothQuantParameters
 
     alpha = SMOOTH_ALPHA if config.get("smooth_alpha") is None else float(config["smooth_alpha"])
-    # bias correction off: it fits each bias to the int8 activations, so a MatMul the search puts back to float
-    # would keep a bias corrected for an error it no longer has
     from nncf.quantization.advanced_parameters import OverflowFix
 
     from bertopt.machine import has_int8_dot_product
@@ -341,6 +339,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     # without an int8 dot product (VNNI / AMX) the CPU multiplies u8 x s8 pairs into 16-bit sums that saturate:
     # weights in half the int8 range (NNCF's overflow fix) keep every sum in range there
     overflow_fix = OverflowFix.DISABLE if has_int8_dot_product() else OverflowFix.ENABLE
+    # bias correction off: it fits each bias to the int8 activations, so a MatMul the search puts back to float
+    # would keep a bias corrected for an error it no longer has
     advanced = nncf.AdvancedQuantizationParameters(
         disable_bias_correction=True, smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha),
         overflow_fix=overflow_fix)
