@@ -35,6 +35,7 @@ from typing import Any, Callable
 from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
+from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
 
 SAY = Callable[[str], None]
 
@@ -85,6 +86,9 @@ TUNE_PARAMS = [
     Param("rounds", int, 5, "Timing rounds (interleaved: A B C A B C ...); the median round counts.", min=1),
     Param("max_texts", int, None, "Use at most this many texts of each set (built-in corpus, mixed text, --data) "
           "for the gate and the timing (default: all).", min=8),
+    # prune's own option, applied to the shared prefix: an artifact that keeps only sentence_embedding is gated
+    # (and bounded in batch deviation) on that output alone
+    next(p for p in PRUNE_PARAMS if p.name == "outputs"),
     THREADS,
     BATCH_SIZE,
 ]
@@ -466,7 +470,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
         export_cfg = {"opset": 17, **({"task": config["task"]} if config["task"] else {})}
         t0 = time.monotonic()
         exported = run_stage("export", source_input, export_cfg, work / "01-export")
-        pruned = run_stage("prune", exported, {}, work / "02-prune")
+        pruned = run_stage("prune", exported, {"outputs": config["outputs"]}, work / "02-prune")
         prefix_s = time.monotonic() - t0
         say(f"export + prune: {prefix_s:.1f} s ({exported.model_info.get('family')}, "
             f"{exported.model_info.get('task')})")
@@ -557,6 +561,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
             "family": pruned.model_info.get("family"),
             "task": task,
             "primary_output": primary,
+            "outputs": [o["name"] for o in pruned.outputs],
             "targets": targets,
             "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
                      "runs": ["every text alone (batch 1)",

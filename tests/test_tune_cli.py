@@ -134,6 +134,31 @@ def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
     assert (out / "notes.txt").read_text() == "keep me"
 
 
+def test_outputs_keeps_only_the_named_output_and_gates_it(tiny_model, tmp_path, cli):
+    # a user who serves only sentence embeddings: the artifact keeps that output, and the gate (batch deviation
+    # included) bounds that output alone
+    out = tmp_path / "tuned"
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--outputs", "sentence_embedding",
+                            "--candidates", "onnxruntime-fp32", *FAST)
+    assert code == 0, err + stdout
+    art = Artifact.load(out)
+    assert [o["name"] for o in art.outputs] == ["sentence_embedding"]
+    record = art.manifest["tune"]
+    assert record["outputs"] == ["sentence_embedding"] and record["primary_output"] == "sentence_embedding"
+    assert list(art.manifest["validation"]["batch_invariance"]["outputs"]) == ["sentence_embedding"]
+
+
+def test_an_unknown_output_is_one_line_and_leaves_nothing(tiny_model, tmp_path, cli):
+    out = tmp_path / "tuned"
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--outputs", "pooler_output",
+                            "--candidates", "onnxruntime-fp32", *FAST)
+    assert code == 2, err + stdout
+    assert "unknown output 'pooler_output'; this artifact has last_hidden_state, sentence_embedding" in \
+        " ".join(err.split())
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
 def _default_sigint() -> None:
     # a process started from a non-interactive shell's background job inherits SIGINT ignored; a user's terminal
     # delivers it

@@ -33,6 +33,7 @@ import json
 import logging
 import subprocess
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,6 +65,28 @@ from bertopt.serve.processes import start_child
 
 log = logging.getLogger("bertopt.serve")
 MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
+FAILED_MEMORY = 100_000  # failed requests remembered (their queued pieces are dropped, not run)
+
+
+class RecentKeys:
+    """A set that forgets its oldest keys beyond ``limit``, so a server up for months does not grow with every
+    request it ever failed. Forgetting is safe: a forgotten request's leftover pieces run, and the sink drops
+    their results (it answered the request already)."""
+
+    def __init__(self, limit: int = FAILED_MEMORY) -> None:
+        self.limit = limit
+        self._keys: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: tuple[bytes, bytes]) -> None:
+        self._keys[key] = None
+        if len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
 
 
 @dataclass
@@ -304,7 +327,7 @@ class Scheduler:
         self.default_model = next(iter(self.queues))
         self.job_ids = itertools.count(1)
         self.fail_request = fail_request
-        self.failed_requests: set[tuple[bytes, bytes]] = set()
+        self.failed_requests = RecentKeys()
         self.metrics = metrics
         self.max_tokens = cfg["max_batch_tokens"]
         self.max_texts = cfg["max_batch_size"]
@@ -382,7 +405,9 @@ class Scheduler:
         """One model's queued work to free lanes of its own workers."""
         while queues.priority:
             # least busy worker first; its priority lane if free, else its (idle) bulk lane
-            free = [(len(s.in_flight()), s) for s in live if None in s.lanes.values()]
+            # ``ready`` again: a failed send (the worker's connection is gone) marks it not ready, and without
+            # this the loop re-sent to it forever and the server hung
+            free = [(len(s.in_flight()), s) for s in live if s.ready and None in s.lanes.values()]
             if not free:
                 break
             # a packed priority job stays as small as one priority request may be, so packing never makes a
