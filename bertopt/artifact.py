@@ -32,7 +32,7 @@ import time
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from bertopt.errors import ArtifactError, UserError
+from bertopt.errors import ArtifactError, UserError, out_of_space
 from bertopt.model_handle import ModelHandle, output_kinds, primary_output
 from bertopt.output_paths import write_json
 from bertopt.tasks import DEFAULT_TASK, known_task
@@ -773,7 +773,11 @@ class ArtifactWriter:
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             if exc_type is not None:
+                full = out_of_space(exc, self.dir) if isinstance(exc, Exception) else None
                 shutil.rmtree(self.dir, ignore_errors=True)
+                if full:  # one line, not a library's traceback from deep inside its writer
+                    raise UserError(f"could not write the artifact {self.out_dir}: {full}; free space there or "
+                                    "choose another --out") from exc
                 return False
             try:
                 self._finish()

@@ -221,6 +221,14 @@ def _run(argv: list[str] | None) -> int:
     except BackendFailed as exc:
         say("error:", exc)
         return BackendFailed.exit_code
+    except OSError as exc:  # a full disk outside an artifact's writer (a report, a copy): one line, not a traceback
+        from bertopt.errors import out_of_space
+
+        full = out_of_space(exc, exc.filename or ".") if exc.filename else None
+        if not full:
+            raise
+        say("error:", f"could not write {exc.filename}: {full}; free space there or choose another output folder")
+        return 2
     except KeyboardInterrupt:  # raised outside Typer's own handler (while it parses, say)
         say("", "interrupted")
         return 130

@@ -123,3 +123,32 @@ def check_writable(path, flag: str = "--out") -> None:
                         "write to") from None
     os.close(fd)
     os.unlink(name)
+
+
+# the file system is full (or a quota / file size limit is reached): the user frees space or writes elsewhere
+_NO_SPACE_ERRNOS = {"ENOSPC", "EDQUOT", "EFBIG"}
+LOW_SPACE_BYTES = 1 << 20  # a write failing with less than this free beside it failed for want of space
+
+
+def out_of_space(exc: BaseException, folder) -> str | None:
+    """Why writing into ``folder`` failed, when it failed for want of space: an OSError saying so, or any error
+    (a library's own, like OpenVINO's save_model) raised while the file system holding ``folder`` has almost no
+    space left. None otherwise."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    codes = {getattr(errno, name) for name in _NO_SPACE_ERRNOS if hasattr(errno, name)}
+    seen: BaseException | None = exc
+    while seen is not None:  # a library may wrap the OSError
+        if isinstance(seen, OSError) and seen.errno in codes:
+            return seen.strerror or type(seen).__name__
+        seen = seen.__cause__ or seen.__context__
+    probe = Path(folder)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return None
+    return f"no space left on the device ({free} bytes free)" if free < LOW_SPACE_BYTES else None
