@@ -270,13 +270,16 @@ def load(triple) -> str:
 def peer_table(results, args, threads: int, machine: dict[str, Any]):
     from rich.table import Table
 
+    # a skipped contender's reason goes under the table, not into its narrow rate columns (where it wrapped)
+    skipped = [f"{r['name']}: skipped: {r['skipped']}" for r in results if r.get("skipped")]
     table = Table(title=f"against sentence-transformers on {cpu_line(machine)} ({threads} threads, batch "
                   f"{args.batch_size}, {args.rounds} interleaved rounds, medians; load average "
                   f"{load(machine.get('load_average'))} -> {load(machine.get('load_average_after'))})",
                   title_justify="left",
                   caption=f"(a) padded: batches of exactly {args.batch_size} x {args.seq_len} tokens; (b) mixed: "
                   "mixed-length text in length-sorted batches; texts/s; x: ratio to the named contender in this run; "
-                  f"cos: cosine of each output vs {REFERENCE} (min over the workload's texts)",
+                  f"cos: cosine of each output vs {REFERENCE} (min over the workload's texts)"
+                  + "".join(f"\n{line}" for line in skipped),
                   caption_justify="left")
     for col in ("contender", "precision", "(a) /s", "(b) /s", "(a) x bf16", "(b) x bf16", "(a) x ST-OV",
                 "(b) x ST-OV", "(a) x ST-int8", "(b) x ST-int8", "cos min (a)", "cos min (b)"):
@@ -284,7 +287,7 @@ def peer_table(results, args, threads: int, machine: dict[str, Any]):
         table.add_column(col, justify="left" if text else "right", no_wrap=text)
     for r in results:
         if r.get("skipped"):
-            table.add_row(r["name"], "skipped", r["skipped"], *["-"] * 9)
+            table.add_row(r["name"], "skipped", *["-"] * 10)
             continue
         vs = r.get("vs", {})
 

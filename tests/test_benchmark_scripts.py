@@ -161,6 +161,9 @@ def test_compare_st_peers_smoke_without_peer_venv(tiny_hf, tiny_onnx, tmp_path):
     assert data["settings"]["padded_texts"] == 8 and data["settings"]["threads"] == 1
     assert set(data["machine"]["cpu_features"]) <= set(data["cpu"].replace(",", " ").replace(";", " ").split())
     assert "skipped" in proc.stdout and "against sentence-transformers on" in proc.stdout
+    # each skipped contender's reason is one line under the table, whole (not wrapped through the rate columns)
+    printed = " ".join(proc.stdout.split())
+    assert 'sentence-transformers backend="openvino": skipped: no peer venv at' in printed
 
 
 @pytest.mark.slow
