@@ -282,7 +282,10 @@ def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int,
     worst = sorted(base["per_text"], key=base["per_text"].get)[:RANK_TEXTS]
     quick_base = min(base["per_text"][r] for r in worst)
     ranking = []
-    for name in int8:
+    # the longest part of the stage (MPNet: 60 MatMuls, minutes on 2 cores): shown as NNCF shows its own steps
+    from nncf.common.logging.track_progress import track
+
+    for name in track(int8, description=f"Ranking {len(int8)} int8 MatMuls"):
         got = meter.measure(to_float_activations(quantized, {name}), rows=worst)["cos_min_alone"]
         ranking.append({"node": name, "cos_min_gain": round(got - quick_base, 7)})
     ranking.sort(key=lambda r: -r["cos_min_gain"])
