@@ -18,9 +18,20 @@ pytest.importorskip("nncf")
 
 
 def test_static_int8_passes_the_gate_on_minilm(tmp_path, cli):
+    # measured to pass on AVX-512 VNNI (AMD Zen 5). On an AMX CPU (the Xeon of the GPU machine, 2026-11-26) the
+    # same build moved with its batch (as quantised: sentence embedding batch dev 6.9e-2, cos min alone 0.928 vs
+    # 0.984 batched; only with every MatMul's activations float did it hold), so there the stage refuses it and
+    # tune writes nothing: what a user relies on either way is that no batch-dependent int8 is shipped
+    from bertopt.machine import cpu_features
+
     out = tmp_path / "tuned"
     code, stdout, err = cli("tune", "builtin:minilm", "--out", out, "--candidates", "openvino-int8-static",
                             "--rounds", "1")
+    if code != 0 and "amx_int8" in cpu_features():
+        said = " ".join((stdout + err).split())
+        assert code == 1 and "openvino-int8-static: refused: static int8" in said, said
+        assert not out.exists()
+        return
     assert code == 0, err + stdout
     art = Artifact.load(out)
     assert art.model_format == "openvino-ir" and art.precision.startswith("int8-static")
@@ -29,6 +40,7 @@ def test_static_int8_passes_the_gate_on_minilm(tmp_path, cli):
     assert min(static["cos_min_alone"], static["cos_min_batched"]) >= 0.995 and static["batch_dev"] <= 1e-3
     report = art.manifest["lineage"]["report"]
     assert report["quantized_nodes"] > 0 and report["held_back"]["cos_min"] >= 0.997
+    assert max(report["held_back"]["batch_dev_by_output"].values()) <= 1e-3  # every output, token states too
 
 
 def test_mpnet_static_int8_holds_every_output_or_says_which_it_cannot(tmp_path, cli):
