@@ -224,7 +224,7 @@ def _run(argv: list[str] | None) -> int:
     except OSError as exc:  # a full disk outside an artifact's writer (a report, a copy): one line, not a traceback
         from bertopt.errors import out_of_space
 
-        full = out_of_space(exc, exc.filename or ".") if exc.filename else None
+        full = out_of_space(exc, exc.filename) if exc.filename else None
         if not full:
             raise
         say("error:", f"could not write {exc.filename}: {full}; free space there or choose another output folder")

@@ -107,11 +107,7 @@ def check_writable(path, flag: str = "--out") -> None:
     target = Path(path).absolute()
     if target.exists() and not target.is_dir():
         return  # the caller decides what to do with an existing file (usually: refuse it by name)
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    probe = _nearest_existing(target)
     if not probe.is_dir():
         raise UserError(f"{flag} {path}: {probe} is a file, so the folder cannot be created there; "
                         f"choose another {flag}")
@@ -144,11 +140,15 @@ def out_of_space(exc: BaseException, folder) -> str | None:
         if isinstance(seen, OSError) and seen.errno in codes:
             return seen.strerror or type(seen).__name__
         seen = seen.__cause__ or seen.__context__
-    probe = Path(folder)
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
     try:
-        free = shutil.disk_usage(probe).free
+        free = shutil.disk_usage(_nearest_existing(Path(folder).absolute())).free
     except OSError:
         return None
     return f"no space left on the device ({free} bytes free)" if free < LOW_SPACE_BYTES else None
+
+
+def _nearest_existing(path):
+    """``path`` or its nearest ancestor that exists (the folder a new output would be created in)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 from bertopt.protocol import (
     CONFIG,
@@ -31,6 +31,7 @@ from bertopt.protocol import (
     error_reply,
     ndarray_reply,
 )
+from bertopt.serve.recent_keys import RecentKeys
 from bertopt.serve.task_replies import TASK_RESULT, TaskAssembly, task_reply
 
 log = logging.getLogger("bertopt.serve.sink")
@@ -46,14 +47,12 @@ class Assembler:
 
         self._np = np
         self.open: dict[tuple[bytes, bytes], dict] = {}
-        self.finished: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        self.finished = RecentKeys(FINISHED_MEMORY)
         self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0}
         self.tasks = TaskAssembly()  # predict requests: JSON task results
 
     def _finish(self, key) -> None:
-        self.finished[key] = None
-        if len(self.finished) > FINISHED_MEMORY:
-            self.finished.popitem(last=False)
+        self.finished.add(key)
         self.open.pop(key, None)
         self.tasks.open.pop(key, None)
 

@@ -33,7 +33,6 @@ import json
 import logging
 import subprocess
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,31 +61,11 @@ from bertopt.runtime.predictor import check_texts
 from bertopt.serve.admission import Admission
 from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
 from bertopt.serve.processes import start_child
+from bertopt.serve.recent_keys import RecentKeys
 
 log = logging.getLogger("bertopt.serve")
 MAX_ATTEMPTS = 3  # a piece that killed this many workers gets an error reply instead of a 4th try
 FAILED_MEMORY = 100_000  # failed requests remembered (their queued pieces are dropped, not run)
-
-
-class RecentKeys:
-    """A set that forgets its oldest keys beyond ``limit``, so a server up for months does not grow with every
-    request it ever failed. Forgetting is safe: a forgotten request's leftover pieces run, and the sink drops
-    their results (it answered the request already)."""
-
-    def __init__(self, limit: int = FAILED_MEMORY) -> None:
-        self.limit = limit
-        self._keys: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
-
-    def __contains__(self, key) -> bool:
-        return key in self._keys
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def add(self, key: tuple[bytes, bytes]) -> None:
-        self._keys[key] = None
-        if len(self._keys) > self.limit:
-            self._keys.popitem(last=False)
 
 
 @dataclass
@@ -327,7 +306,7 @@ class Scheduler:
         self.default_model = next(iter(self.queues))
         self.job_ids = itertools.count(1)
         self.fail_request = fail_request
-        self.failed_requests = RecentKeys()
+        self.failed_requests = RecentKeys(FAILED_MEMORY)
         self.metrics = metrics
         self.max_tokens = cfg["max_batch_tokens"]
         self.max_texts = cfg["max_batch_size"]

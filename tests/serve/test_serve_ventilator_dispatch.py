@@ -61,7 +61,7 @@ def test_dispatch_to_a_worker_whose_connection_is_gone_returns_and_keeps_the_wor
 def test_failed_requests_are_remembered_up_to_a_bound():
     """A long-running server fails requests now and then: it remembers them (to drop their queued pieces) without
     growing for ever."""
-    from bertopt.serve.ventilator import RecentKeys
+    from bertopt.serve.recent_keys import RecentKeys
 
     keys = RecentKeys(limit=3)
     for i in range(5):

@@ -200,8 +200,9 @@ class HeldBackMeter:
         self.reference = [parent.run_batch(f, [self.output])[self.output][0] for f in self.alone]
         # a score or a few logits: one text's cosine is little more than its sign, so such an output is compared
         # over the held-back set's whole output matrix
-        self.few_values = {name: not self.token_level[name] and int(np.size(out[name][0])) < FEW_VALUES
-                           for name, out in [(n, parent.run_batch(self.alone[0], [n])) for n in self.outputs]}
+        first = parent.run_batch(self.alone[0], self.outputs)
+        self.few_values = {name: not self.token_level[name] and int(np.size(first[name][0])) < FEW_VALUES
+                           for name in self.outputs}
         threads = config.get("threads") or default_threads()
         # no blob cache: every candidate of the search is a model compiled once (cached, MPNet's search alone wrote
         # tens of GB of blobs nobody loads again)
