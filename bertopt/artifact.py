@@ -833,8 +833,10 @@ class ArtifactWriter:
         # Rename into place; an existing artifact (overwrite) is moved aside first, then removed. Checked again
         # under the lock: something may have appeared there while the stage ran (not another bertopt: it would
         # have needed the lock).
+        from bertopt.errors import check_interrupted
         from bertopt.output_paths import check_output, temp_sibling
 
+        check_interrupted()
         old = None
         if self.out_dir.exists():
             check_output(self.out_dir, kind="artifact", replace=self.overwrite)

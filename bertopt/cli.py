@@ -189,15 +189,31 @@ for _module in import_all(_COMMAND_MODULES, optional=True):
 def main(argv: list[str] | None = None) -> None:
     """Entry point: the exit-code contract of ``bertopt.errors`` (0 success, 1 gate failed, 2 usage error,
     3 backend failed, 130 interrupted, 143 terminated), each failure as one line on stderr."""
-    _quiet_third_party_output()
-    previous = _raise_on_sigterm()
-    try:
-        code = _run(argv)
-    finally:
-        if previous is not None:
-            import signal
+    import signal
 
-            signal.signal(signal.SIGTERM, previous)
+    from bertopt.errors import INTERRUPTED
+
+    _quiet_third_party_output()
+    INTERRUPTED.clear()
+    previous = _raise_on_sigterm()
+    previous_int = _remember_sigint()
+    code = None
+    try:
+        try:
+            code = _run(argv)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            if previous_int is not None:
+                signal.signal(signal.SIGINT, previous_int)
+    except KeyboardInterrupt:  # delivered while the handlers were put back (signal.signal runs pending handlers)
+        if code != 130:
+            err_console.print("interrupted", highlight=False, soft_wrap=True)
+        code = 130
+    if INTERRUPTED.is_set() and code not in (130, 143):
+        # the KeyboardInterrupt was swallowed on the way (see bertopt.errors): still an interrupted run
+        err_console.print("interrupted", highlight=False, soft_wrap=True)
+        code = 130
     sys.exit(code)
 
 
@@ -272,6 +288,28 @@ def _raise_on_sigterm():
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _remember_sigint():
+    """SIGINT raises KeyboardInterrupt, as Python's own handler does, and sets ``bertopt.errors.INTERRUPTED`` so a
+    swallowed exception cannot turn an interrupted run into a success. Left alone where SIGINT is ignored (a
+    background job) or handled by someone else, and off the main thread. Returns the previous handler (None: not
+    installed)."""
+    import signal
+    import threading
+
+    from bertopt.errors import INTERRUPTED
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+
+    def on_sigint(signum, frame):
+        INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, on_sigint)
 
 
 def _usage_line(exc) -> str:

