@@ -8,7 +8,7 @@ own longest text, and results are put back in the caller's order. A batch also e
 is much longer than the batch's first (``BUCKET_GROWTH``): real text has a long tail (a few paragraphs among
 many short sentences), and without that bound one paragraph pads 31 short texts to its length. On 256-text
 chunks of the built-in corpus this bound doubled MiniLM's throughput; tightening it from 1.25x + 8 tokens to
-1.05x made MiniLM another 1.09-1.18x faster on ``mixed_text`` (``benchmarks/bucketing.py``). Padding never
+1.05x made MiniLM another 1.12x and MPNet 1.20x faster on ``mixed_text`` (``benchmarks/bucketing.py``). Padding never
 changes a real token's output (attention masks it), so bucketing changes speed, not values.
 
 Long inputs (a text over the window of ``sequence_length`` tokens) follow one policy, ``long_inputs``
@@ -38,9 +38,9 @@ from bertopt.untrusted import lone_surrogate
 
 DEFAULT_BATCH_SIZE = 32
 # a batch ends before a text longer than BUCKET_GROWTH x (its first text) + BUCKET_SLACK_TOKENS. Measured side
-# by side (benchmarks/bucketing.py, MiniLM on mixed_text, 2 cores): 1.05x + 0 ran 1.09x (OpenVINO f32) to 1.18x
-# (ONNX Runtime fp32) the old 1.25x + 8, more than the 7% fewer padded tokens alone explain; its 3x more batches
-# (52 for 512 texts) cost less than they save. Exact-length batches (1.0x: 151) were no faster on ONNX Runtime and
+# by side (benchmarks/bucketing.py, mixed_text, 2 AVX2 cores): 1.05x + 0 ran 1.12x the old 1.25x + 8 for MiniLM on
+# ONNX Runtime and on OpenVINO, 1.20x for MPNet, more than the 7% fewer padded tokens alone explain; its 3x more batches
+# (52 for 512 texts) cost less than they save. Exact-length batches (1.0x: 151) were within noise on ONNX Runtime and
 # slower on OpenVINO, whose per-batch cost is higher
 BUCKET_GROWTH = 1.05
 BUCKET_SLACK_TOKENS = 0
