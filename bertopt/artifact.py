@@ -833,16 +833,9 @@ class ArtifactWriter:
         # Rename into place; an existing artifact (overwrite) is moved aside first, then removed. Checked again
         # under the lock: something may have appeared there while the stage ran (not another bertopt: it would
         # have needed the lock).
-        from bertopt.errors import check_interrupted
-        from bertopt.output_paths import check_output, temp_sibling
+        from bertopt.output_paths import check_output, move_into_place
 
-        check_interrupted()
-        old = None
         if self.out_dir.exists():
             check_output(self.out_dir, kind="artifact", replace=self.overwrite)
-            old = temp_sibling(self.out_dir, "old")
-            os.rename(self.out_dir, old)
-        os.rename(self.dir, self.out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        move_into_place(self.dir, self.out_dir)
         self.artifact = Artifact(self.out_dir, manifest)

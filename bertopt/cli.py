@@ -207,11 +207,9 @@ def main(argv: list[str] | None = None) -> None:
             if previous_int is not None:
                 signal.signal(signal.SIGINT, previous_int)
     except KeyboardInterrupt:  # delivered while the handlers were put back (signal.signal runs pending handlers)
-        if code != 130:
-            err_console.print("interrupted", highlight=False, soft_wrap=True)
-        code = 130
+        INTERRUPTED.set()
     if INTERRUPTED.is_set() and code not in (130, 143):
-        # the KeyboardInterrupt was swallowed on the way (see bertopt.errors): still an interrupted run
+        # the KeyboardInterrupt was swallowed on the way (see bertopt.errors) or came after _run: still interrupted
         err_console.print("interrupted", highlight=False, soft_wrap=True)
         code = 130
     sys.exit(code)

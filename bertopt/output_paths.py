@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from bertopt.errors import UserError, check_writable
+from bertopt.errors import UserError, check_interrupted, check_writable
 
 # kind -> the file that marks a folder as this tool's own output of that kind
 OWN_MARKERS = {
@@ -214,6 +214,20 @@ def temp_sibling(target: Path, tag: str = "tmp") -> Path:
     """A hidden name beside ``target`` for building (``tmp``) or moving aside (``old``) an output; it carries
     this process's pid so ``sweep_stale`` can tell an orphan from a folder a live writer is filling."""
     return target.parent / f".{target.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``target``: an existing ``target`` is moved aside first and removed
+    after, so a reader sees the old output or the new one, never half of either. Refused (KeyboardInterrupt) once
+    a SIGINT arrived, even one whose exception a library swallowed (``bertopt.errors.check_interrupted``)."""
+    check_interrupted()
+    old = None
+    if target.exists():
+        old = temp_sibling(target, "old")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:

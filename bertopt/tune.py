@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bertopt.errors import GateFailed, UserError, check_interrupted
+from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
 from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
@@ -386,25 +386,18 @@ def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:
     then renamed into place (an existing artifact there is moved aside first): a reader never sees half an
     artifact, and an interruption leaves only a hidden temp folder that is removed."""
     from bertopt.artifact import MANIFEST_NAME, Artifact
-    from bertopt.output_paths import write_json
+    from bertopt.output_paths import move_into_place, write_json
 
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    old = None
     try:
         shutil.copytree(winner.artifact.path, tmp)
         manifest = json.loads((tmp / MANIFEST_NAME).read_text())
         manifest["tune"] = record
         write_json(tmp / MANIFEST_NAME, manifest)
         Artifact.load(tmp)  # every file's hash, as a user will load it
-        check_interrupted()
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        os.rename(tmp, out)
+        move_into_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import platform
 import shutil
 from pathlib import Path
@@ -41,8 +40,7 @@ def package_versions() -> dict[str, str]:
 
 # -- writing --------------------------------------------------------------------------------------------
 def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.ndarray]], report_dir: Path) -> None:
-    from bertopt.errors import check_interrupted
-    from bertopt.output_paths import sweep_stale, temp_sibling
+    from bertopt.output_paths import move_into_place, sweep_stale, temp_sibling
 
     report_dir = Path(report_dir)
     report_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -57,14 +55,7 @@ def write_reports(result: dict[str, Any], distributions: dict[str, dict[str, np.
         (tmp / "junit.xml").write_text(junit_xml(result), encoding="utf-8")
         (tmp / "summary.md").write_text(markdown_summary(result), encoding="utf-8")
         (tmp / "report.html").write_text(html_report(result), encoding="utf-8")
-        check_interrupted()
-        old = None
-        if report_dir.exists():
-            old = temp_sibling(report_dir, "old")
-            os.rename(report_dir, old)
-        os.rename(tmp, report_dir)
-        if old is not None:
-            shutil.rmtree(old)
+        move_into_place(tmp, report_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
