@@ -246,3 +246,42 @@ def test_bucketing_script_smoke(tiny_onnx, tmp_path):
     assert f"{default} (default)" in proc.stdout and "CPU features:" in proc.stdout
     bad = _run("bucketing.py", tiny_onnx.path, "--plans", "fast")
     assert bad.returncode != 0 and "is not GROWTH:SLACK" in bad.stderr
+
+
+def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/onnxruntime_static_int8.py on a tiny artifact: with one Q / DQ pair per consumer ONNX Runtime
+    runs every weight MatMul as an integer kernel, each float group takes its MatMuls out of int8, static scales
+    leave a text's embedding independent of its batch-mates; the table names the CPU's features; JSON written."""
+    pytest.importorskip("nncf")
+    import onnx
+
+    from bertopt.machine import cpu_features
+
+    model = onnx.load(str(tiny_onnx.model_path))
+    constants = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
+                                                             for o in n.output}
+    weight_matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & constants)
+    runs = {}
+    for kernel, variants in (("u8s8", "none;ffn-out"), ("u8u8", "none")):
+        out = tmp_path / f"{kernel}.json"
+        proc = _run("onnxruntime_static_int8.py", tiny_onnx.path, "--kernel", kernel, "--rounds", "1", "--calibration",
+                    "16", "--variants", variants, "--threads", "1", "--quiet", "--json", out)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "CPU features:" in proc.stdout
+        runs[kernel] = json.loads(out.read_text())
+    signed, unsigned = runs["u8s8"], runs["u8u8"]
+    none, ffn_out = signed["results"]
+    # NNCF shares one quantiser between query, key and value; ONNX Runtime fuses the copies only with their own
+    # scale / zero-point tensors
+    assert signed["consumer_pairs_added"] > 0 and signed["tensors_made_unsigned"] == 0
+    assert none["float_matmuls"] == 0 and none["int8_matmuls"] >= weight_matmuls > 0
+    assert ffn_out["float_matmuls"] > 0 and ffn_out["int8_matmuls"] == none["int8_matmuls"] - ffn_out["float_matmuls"]
+    assert unsigned["kernel"] == "u8u8" and unsigned["tensors_made_unsigned"] > 0
+    assert unsigned["results"][0]["int8_matmuls"] == none["int8_matmuls"]
+    for row in signed["results"] + unsigned["results"]:
+        assert 0.5 < row["cos_min_corpus"] <= 1.0 + 1e-6 and 0.5 < row["cos_min_mixed"] <= 1.0 + 1e-6
+        assert row["batch_dev"] < 1e-5  # fixed activation scales: no batch-mate moves a text
+        assert row["padded_texts_per_s"] > 0 and row["mixed_texts_per_s"] > 0
+    assert signed["cpu_features"] == sorted(cpu_features())
+    bad = _run("onnxruntime_static_int8.py", tiny_onnx.path, "--variants", "ffn-out,everything")
+    assert bad.returncode == 2 and "unknown group 'everything'" in bad.stderr
