@@ -6,7 +6,12 @@ torch, transformers and tokenizers are imported by the builders that need them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+
+# trained tokenizers the tiny models load instead of training their own (see train_tiny_tokenizer)
+PINNED_TOKENIZERS = Path(__file__).resolve().parent / "data" / "tiny_tokenizers"
 
 TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
     "the", "a", "is", "of", "and", "to", "in", "it", "hello", "world", "cat", "dog", "sat", "on", "mat", "run",
@@ -67,12 +72,26 @@ def _training_text() -> list[str]:
     return [t for t in corpus() + calibration_texts() + mixed_text() if t]
 
 
+def pinned_tokenizer_file(kind: str, specials: list[str], vocab_size: int, lowercase: bool, pair_style: str) -> Path:
+    key = json.dumps([kind, list(specials), vocab_size, lowercase, pair_style])
+    return PINNED_TOKENIZERS / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
 def train_tiny_tokenizer(kind: str, specials: list[str], vocab_size: int = 800, lowercase: bool = True,
-                         pair_style: str = "bert"):
+                         pair_style: str = "bert", pinned: bool = True):
     """A ``tokenizers.Tokenizer`` trained on bertopt's built-in text: ``wordpiece``, ``bpe`` (byte-level) or
     ``unigram`` (SentencePiece), with the post-processing of the family (``bert``: [CLS] A [SEP] B [SEP] with
-    segment ids; ``roberta``: <s> A </s></s> B </s>)."""
+    segment ids; ``roberta``: <s> A </s></s> B </s>).
+
+    The WordPiece and Unigram trainers break ties in hash-map order, so two trainings with the same settings give
+    different vocabularies, and every seeded tiny model and every figure measured on it moved from run to run.
+    With ``pinned``, a tokenizer trained once and stored under ``bertopt/data/tiny_tokenizers/`` is loaded where
+    its settings match (``python -m bertopt.tiny_models`` writes those of every family)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    stored = pinned_tokenizer_file(kind, specials, vocab_size, lowercase, pair_style)
+    if pinned and stored.is_file():
+        return Tokenizer.from_file(str(stored))
 
     unk = next(t for t in specials if "unk" in t.lower())
     if kind == "wordpiece":
@@ -267,3 +286,27 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
         (path / "modules.json").write_text(json.dumps(modules, indent=2))
         (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": min(positions, max_seq_length)}))
     return path
+
+
+# the vocabulary sizes the tests build (300: a second, smaller BERT vocabulary; Unigram needs 800 for every char)
+PINNED_VOCAB_SIZES = {"wordpiece": (800, 300), "unigram": (800,), "bpe": ()}
+
+
+def pin_tokenizers() -> list[Path]:
+    """Train and store the tokenizer of every family whose trainer is not reproducible (WordPiece, Unigram)."""
+    written = []
+    for family in FAMILY_FIXTURES:
+        kind, specials, pair_style, lowercase, _, _ = _family_recipe(family)
+        for vocab_size in PINNED_VOCAB_SIZES[kind]:
+            file = pinned_tokenizer_file(kind, specials, vocab_size, lowercase, pair_style)
+            if file in written:
+                continue
+            file.parent.mkdir(parents=True, exist_ok=True)
+            train_tiny_tokenizer(kind, specials, vocab_size, lowercase, pair_style, pinned=False).save(str(file))
+            written.append(file)
+    return written
+
+
+if __name__ == "__main__":
+    for written_file in pin_tokenizers():
+        print(written_file)

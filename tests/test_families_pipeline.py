@@ -17,12 +17,11 @@ from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model
 
 TEXTS = [t for t in corpus() if t][:64]
 # per-stage floor of the worst cosine to PyTorch over TEXTS, all in one batch; measured on these tiny random models
-# (hidden 32, 2 layers, initializer range 0.2): optimize 1.00000, fp16 >= 0.9999, OpenVINO int8 >= 0.9998, ORT
-# dynamic int8 0.966 (ELECTRA) .. 0.992. The WordPiece and Unigram trainers break ties in hash-map order, so each
-# run draws a slightly different tiny tokenizer and model: over four draws per family ORT int8 measured ELECTRA
-# 0.966-0.972, DeBERTa-v2 0.971-0.981, BERT 0.976-0.986, DistilBERT 0.968-0.992, XLM-R and MPNet 0.985-0.989.
-# Floors sit outside the worst draw measured.
-FLOORS = {"optimize": 0.99999, "fp16": 0.999, "int8-openvino": 0.999, "int8": 0.955}
+# (hidden 32, 2 layers, initializer range 0.2): optimize 1.00000, fp16 >= 0.9999, OpenVINO int8 >= 0.9998. ORT
+# dynamic int8 depends on the tokenizer: with the pinned ones (tests/test_tiny_models.py) DistilBERT 0.951, ELECTRA
+# 0.968, BERT / DeBERTa-v2 / ModernBERT 0.979, XLM-R 0.986, MPNet 0.988, RoBERTa 0.989; over four freshly trained
+# tokenizers a family it ranged 0.966-0.992. Floors sit just outside the worst measured value.
+FLOORS = {"optimize": 0.99999, "fp16": 0.999, "int8-openvino": 0.999, "int8": 0.945}
 # expected inputs per family: the graph takes token_type_ids only where the model has a segment table
 INPUTS = {"bert": 3, "electra": 3, "distilbert": 2, "roberta": 2, "xlm-roberta": 2, "mpnet": 2, "deberta-v2": 2,
           "modernbert": 2}
