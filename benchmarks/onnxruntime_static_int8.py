@@ -196,13 +196,15 @@ def int8_matmuls(model, threads: int | None) -> int:
     import onnx
     import onnxruntime as ort
 
+    from bertopt.onnx_graph.util import op_counts
+
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
         options.log_severity_level = 3
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        ops = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
-    return ops["MatMulIntegerToFloat"] + ops["MatMulInteger"] + ops["QLinearMatMul"]
+        ops = op_counts(onnx.load(options.optimized_model_filepath))
+    return sum(ops.get(op, 0) for op in ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul"))
 
 
 def cos_min(a, b) -> float:

@@ -41,8 +41,6 @@ def build_tiny_hf_bert(path: Path, *, sentence_transformers: bool = False, class
 
     BertWordPieceTokenizer(str(vocab_file), lowercase=True)._tokenizer.save(str(path / "tokenizer.json"))
     if sentence_transformers:
-        import json
-
         (path / "modules.json").write_text(json.dumps([
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -191,8 +189,6 @@ def build_tiny_family_model(path: Path, family: str, task: str = "embedding", *,
     ``slow_tokenizer_only`` leaves out tokenizer.json and writes the files it is built from (vocab.txt, or
     vocab.json + merges.txt). ``max_seq_length``: the sentence-transformers pipeline's limit (at most
     ``positions``; short by default to keep tests fast, MiniLM's 256 where speed is compared)."""
-    import json
-
     import torch
     import transformers
 

@@ -256,11 +256,9 @@ def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
     import onnx
 
     from bertopt.machine import cpu_features
+    from bertopt.onnx_graph.util import weight_matmuls as weight_matmuls_of
 
-    model = onnx.load(str(tiny_onnx.model_path))
-    constants = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
-                                                             for o in n.output}
-    weight_matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & constants)
+    weight_matmuls = len(weight_matmuls_of(onnx.load(str(tiny_onnx.model_path)), op_types=("MatMul",)))
     runs = {}
     for kernel, variants in (("u8s8", "none;ffn-out"), ("u8u8", "none")):
         out = tmp_path / f"{kernel}.json"
