@@ -1,6 +1,6 @@
 """Static int8 through ONNX Runtime's integer kernels, measured against an fp32 artifact (issue 28's AVX2 probe).
 
-    .venv/bin/python benchmarks/onnxruntime_static_int8.py SOURCE [--baseline ART] [--kernel u8u8] [--rounds 5]
+    .venv/bin/python benchmarks/onnxruntime_static_int8.py SOURCE [--baseline ART] [--kernel u8u8] [--fuse] [--rounds 5]
 
 SOURCE is an ONNX artifact as exported (``bertopt export builtin:minilm --out SOURCE``); ``--baseline`` is the
 artifact the speed is compared with (default: SOURCE; the tuned default, fused by ``optimize``, is the fair one).
@@ -15,6 +15,9 @@ calibration set), and the graph is rewritten for ONNX Runtime:
 * ``--kernel u8u8``: weights and activations as uint8 (the same values, zero point + 128), which selects MLAS's
   u8u8 kernel: no 16-bit saturation, full 8-bit weights. ``u8s8``: int8 weights, full range; ``u8s8-7bit``:
   weights in 7 bits (NNCF's overflow fix), what keeps ``vpmaddubsw`` from saturating on a CPU without VNNI.
+
+``--fuse`` applies ONNX Runtime's transformer fusions to each variant, as the ``optimize`` stage does for the fp32
+default (LayerNorm, GELU; attention only where its Q / K / V MatMuls are float).
 
 Each variant (``--variants``) puts the activations of some MatMul groups back to float (their weights stay int8):
 ``ffn-out`` is the family's FFN output projections, ``attn-out`` the attention output projections, ``qkv`` the
@@ -189,6 +192,22 @@ def float_activations(model, names: set[str]):
     return model
 
 
+def fuse(model, art):
+    """ONNX Runtime's transformer fusions (what ``optimize`` gives the fp32 default) applied to a quantised
+    variant: LayerNorm / GELU always; attention only where its Q / K / V MatMuls are float."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from bertopt.families import family_by_name
+
+    info = art.model_info
+    kind = family_by_name(info.get("family")).fusion_model_type
+    if kind is None:
+        return model, {}
+    fused = optimize_model(model, model_type=kind, num_heads=int(info["num_attention_heads"]),
+                           hidden_size=int(info["hidden_size"]), opt_level=0, use_gpu=False)
+    return fused.model, {k: int(v) for k, v in fused.get_fused_operator_statistics().items() if v}
+
+
 def int8_matmuls(model, threads: int | None) -> int:
     """How many MatMuls ONNX Runtime runs as integer kernels once it has optimised ``model``."""
     import tempfile
@@ -251,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds (medians are reported).")
     parser.add_argument("--threads", type=int, default=None, help="Threads (default: all cores).")
     parser.add_argument("--json", type=Path, default=None, help="JSON output (default: benchmarks/results/).")
+    parser.add_argument("--fuse", action="store_true",
+                        help="Apply ONNX Runtime's transformer fusions (the optimize stage's) to each variant.")
     parser.add_argument("--quiet", action="store_true", help="No progress lines.")
     args = parser.parse_args(argv)
     variants = [[g for g in v.split(",") if g and g != "none"] for v in args.variants.split(";")]
@@ -288,10 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     for groups in variants:
         names = {n for n in matmuls for g in groups if re.search(patterns[g], n)}
         model = float_activations(quantized, names)
+        fused_ops = {}
+        if args.fuse:
+            model, fused_ops = fuse(model, art)
         session = open_model(model, threads=args.threads)
         label = "+".join(groups) or "none"
-        say(f"variant {label}: {len(names)} MatMuls with float activations")
-        rows.append({"float_groups": groups, "float_matmuls": len(names),
+        say(f"variant {label}: {len(names)} MatMuls with float activations; fused {fused_ops}")
+        rows.append({"float_groups": groups, "float_matmuls": len(names), "fused_ops": fused_ops,
                      "int8_matmuls": int8_matmuls(model, args.threads), **fidelity(art, session, reference)})
         contenders.append((label, Predictor(art, session=session, verify=False)))
 
@@ -331,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "cpu_features": features, "source": str(art.path), "baseline": str(baseline.model.path),
-        "kernel": args.kernel, "alpha": args.alpha, "calibration_texts": args.calibration, "rounds": args.rounds,
+        "kernel": args.kernel, "fuse": args.fuse, "alpha": args.alpha, "calibration_texts": args.calibration,
+        "rounds": args.rounds,
         "build_s": build_s, "consumer_pairs_added": copies, "tensors_made_unsigned": unsigned,
         "baseline_texts_per_s": {k: statistics.median(rates["baseline", k]) for k in ("padded", "mixed")},
         "results": rows}, indent=2))

@@ -250,8 +250,9 @@ def test_bucketing_script_smoke(tiny_onnx, tmp_path):
 
 def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
     """benchmarks/onnxruntime_static_int8.py on a tiny artifact: with one Q / DQ pair per consumer ONNX Runtime
-    runs every weight MatMul as an integer kernel, each float group takes its MatMuls out of int8, static scales
-    leave a text's embedding independent of its batch-mates; the table names the CPU's features; JSON written."""
+    runs every weight MatMul as an integer kernel (with ``--fuse`` too), each float group takes its MatMuls out of
+    int8, static scales leave a text's embedding independent of its batch-mates; the table names the CPU's features;
+    JSON written."""
     pytest.importorskip("nncf")
     import onnx
 
@@ -260,10 +261,10 @@ def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
 
     weight_matmuls = len(weight_matmuls_of(onnx.load(str(tiny_onnx.model_path)), op_types=("MatMul",)))
     runs = {}
-    for kernel, variants in (("u8s8", "none;ffn-out"), ("u8u8", "none")):
+    for kernel, variants, extra in (("u8s8", "none;ffn-out", ()), ("u8u8", "none", ("--fuse",))):
         out = tmp_path / f"{kernel}.json"
         proc = _run("onnxruntime_static_int8.py", tiny_onnx.path, "--kernel", kernel, "--rounds", "1", "--calibration",
-                    "16", "--variants", variants, "--threads", "1", "--quiet", "--json", out)
+                    "16", "--variants", variants, "--threads", "1", "--quiet", "--json", out, *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "CPU features:" in proc.stdout
         runs[kernel] = json.loads(out.read_text())
@@ -276,6 +277,9 @@ def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
     assert ffn_out["float_matmuls"] > 0 and ffn_out["int8_matmuls"] == none["int8_matmuls"] - ffn_out["float_matmuls"]
     assert unsigned["kernel"] == "u8u8" and unsigned["tensors_made_unsigned"] > 0
     assert unsigned["results"][0]["int8_matmuls"] == none["int8_matmuls"]
+    # --fuse: the optimize stage's LayerNorm / GELU fusions around the int8 MatMuls, none taken out of int8
+    assert unsigned["fuse"] and unsigned["results"][0]["fused_ops"].get("SkipLayerNormalization", 0) > 0
+    assert not signed["fuse"] and signed["results"][0]["fused_ops"] == {}
     for row in signed["results"] + unsigned["results"]:
         assert 0.5 < row["cos_min_corpus"] <= 1.0 + 1e-6 and 0.5 < row["cos_min_mixed"] <= 1.0 + 1e-6
         assert row["batch_dev"] < 1e-5  # fixed activation scales: no batch-mate moves a text
