@@ -735,8 +735,15 @@ def print_result(result: TuneResult, console) -> None:
     record = result.record
     table = Table(title=f"bertopt tune: {record['source']} ({record['task']}, gate {record['targets']})",
                   title_justify="left")
+    # names and statuses whole at any width (the figures' headers wrap instead): cut to "onnxruntime…", two
+    # candidates of different fate read the same
+    widest = {"candidate": max((len(c["name"]) for c in record["candidates"]), default=9),
+              "status": max((len(c["status"]) for c in record["candidates"]), default=6)}
     for col in ("candidate", "status", "texts/s", "cos min alone", "cos min batched", "batch dev"):
-        table.add_column(col, justify="right" if col not in ("candidate", "status") else "left")
+        if col in widest:
+            table.add_column(col, no_wrap=True, min_width=widest[col])
+        else:
+            table.add_column(col, justify="right")
     for c in record["candidates"]:
         name = f"[bold green]{c['name']}[/]" if c["name"] == record["winner"] else c["name"]
         table.add_row(name, c["status"], _fmt(c.get("texts_per_s"), ".1f"), _fmt(c.get("cos_min_alone"), ".5f"),

@@ -5,6 +5,7 @@ half-written artifact, bad options are one line and exit 2."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,6 +79,9 @@ def test_budget_spent_keeps_the_first_passing_candidate(tiny_model, tmp_path, cl
     # the budget run out before it, it would still run: nothing had passed yet)
     assert status == {"openvino-f32": "passed", "onnxruntime-fp32": "skipped", "onnxruntime-int8": "skipped"}
     assert "onnxruntime-fp32: skipped: time budget (1s) spent" in stdout
+    # the table names each candidate and its fate whole on an 80-column console (not "onnxruntime…" twice)
+    for name, fate in status.items():
+        assert re.search(rf"│ {re.escape(name)} +│ {fate} ", stdout), stdout
     assert record["winner"] == "openvino-f32"
     check_reports(tmp_path / "tuned-report", record)
 
