@@ -732,23 +732,18 @@ _HELP = ("Build the candidates that make sense on this machine (OpenVINO f32 / b
 def print_result(result: TuneResult, console) -> None:
     from rich.table import Table
 
+    from bertopt.terminal import whole_cells
+
     record = result.record
     table = Table(title=f"bertopt tune: {record['source']} ({record['task']}, gate {record['targets']})",
                   title_justify="left")
-    # names and statuses whole at any width (the figures' headers wrap instead): cut to "onnxruntime…", two
-    # candidates of different fate read the same
-    widest = {"candidate": max((len(c["name"]) for c in record["candidates"]), default=9),
-              "status": max((len(c["status"]) for c in record["candidates"]), default=6)}
     for col in ("candidate", "status", "texts/s", "cos min alone", "cos min batched", "batch dev"):
-        if col in widest:
-            table.add_column(col, no_wrap=True, min_width=widest[col])
-        else:
-            table.add_column(col, justify="right")
+        table.add_column(col, justify="right" if col not in ("candidate", "status") else "left")
     for c in record["candidates"]:
         name = f"[bold green]{c['name']}[/]" if c["name"] == record["winner"] else c["name"]
         table.add_row(name, c["status"], _fmt(c.get("texts_per_s"), ".1f"), _fmt(c.get("cos_min_alone"), ".5f"),
                       _fmt(c.get("cos_min_batched"), ".5f"), _fmt(c.get("batch_dev"), ".2g"))
-    console.print(table)
+    console.print(whole_cells(table, console))
     console.print(f"[green]wrote[/] {result.artifact.path} ({record['winner']}: {record['why']}); report "
                   f"{result.report_dir / 'tune.html'}; {record['wall_time_s']:.0f} s", highlight=False)
 

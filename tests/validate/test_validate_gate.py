@@ -59,6 +59,9 @@ def test_passing_gate_writes_every_report_and_exits_0(cli, tiny_int8, tmp_path):
             assert 0 < p[who]["p50_ms"] <= p[who]["p90_ms"] <= p[who]["p99_ms"] and p[who]["calls"] == 3
         assert p["speedup"] == pytest.approx(p["artifact"]["texts_per_s"] / p["reference"]["texts_per_s"])
     speedups = [p["speedup"] for p in grid]
+    for p in grid:  # the terminal's latency table keeps every figure whole on an 80-column console
+        assert f"{p['speedup']:.2f}x" in out and f"{p['artifact']['p50_ms']:.2f}" in out
+    assert max(map(len, out.splitlines())) <= 80
     assert result["metrics"]["speedup"] == pytest.approx(float(np.exp(np.mean(np.log(speedups)))))
     assert result["metrics"]["speedup_min"] == pytest.approx(min(speedups))
     assert result["versions"]["onnxruntime"] and result["machine"]["cpu_count"] >= 1
