@@ -193,19 +193,16 @@ def float_activations(model, names: set[str]):
 
 
 def fuse(model, art):
-    """ONNX Runtime's transformer fusions (what ``optimize`` gives the fp32 default) applied to a quantised
-    variant: LayerNorm / GELU always; attention only where its Q / K / V MatMuls are float."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
+    """The optimize stage's fusions applied to a quantised variant: LayerNorm / GELU always; attention only where
+    its Q / K / V MatMuls are float."""
     from bertopt.families import family_by_name
+    from bertopt.stages.optimize import transformer_fusions
 
     info = art.model_info
-    kind = family_by_name(info.get("family")).fusion_model_type
-    if kind is None:
+    family = family_by_name(info.get("family"))
+    if family.fusion_model_type is None:
         return model, {}
-    fused = optimize_model(model, model_type=kind, num_heads=int(info["num_attention_heads"]),
-                           hidden_size=int(info["hidden_size"]), opt_level=0, use_gpu=False)
-    return fused.model, {k: int(v) for k, v in fused.get_fused_operator_statistics().items() if v}
+    return transformer_fusions(model, family, int(info["num_attention_heads"]), int(info["hidden_size"]), 0)
 
 
 def int8_matmuls(model, threads: int | None) -> int:

@@ -27,18 +27,31 @@ PARAMS = [
 ]
 
 
+def transformer_fusions(model, family, heads: int, hidden: int, opt_level: int):
+    """ONNX Runtime's BERT optimizer on ``model`` (a path or a ModelProto) with ``family``'s fusion model type, then
+    the family's own attention fusion where it declares one -> (fused ModelProto, {fused op: count})."""
+    from bertopt.errors import require_onnxruntime
+
+    optimize_model = require_onnxruntime("the optimize stage", "onnxruntime.transformers.optimizer").optimize_model
+    optimized = optimize_model(model, model_type=family.fusion_model_type, num_heads=heads, hidden_size=hidden,
+                               opt_level=opt_level, use_gpu=False, only_onnxruntime=False)
+    fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    if family.attention_fusion:
+        from bertopt.onnx_graph.fusions import apply_fusion
+
+        fused.update(apply_fusion(family.attention_fusion, optimized.model, heads, hidden))
+    return optimized.model, fused
+
+
 def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
-    from bertopt.errors import require_onnxruntime
     from bertopt.onnx_graph.util import graph_stats, load_onnx, match_external_data, save_onnx
     from bertopt.stages.common import check_against, require_onnx_artifact, worst_abs_diff
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format != "onnx":
         raise UserError(f"optimize works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
-    optimize_model = require_onnxruntime("the optimize stage", "onnxruntime.transformers.optimizer").optimize_model
-
     from bertopt.families import family_by_name
 
     info = art.model_info
@@ -51,21 +64,13 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         raise UserError(f"{art.path}: the manifest does not record num_attention_heads/hidden_size, which "
                         "attention fusion needs; re-export from the Hugging Face folder")
     before = graph_stats(load_onnx(art.model_path))
-    optimized = optimize_model(str(art.model_path), model_type=family.fusion_model_type, num_heads=int(heads),
-                               hidden_size=int(hidden), opt_level=config["opt_level"], use_gpu=False,
-                               only_onnxruntime=False)
-    fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
-    if family.attention_fusion:
-        from bertopt.onnx_graph.fusions import apply_fusion
-
-        own = apply_fusion(family.attention_fusion, optimized.model, int(heads), int(hidden))
-        fused.update(own)
+    model, fused = transformer_fusions(str(art.model_path), family, int(heads), int(hidden), config["opt_level"])
     with ArtifactWriter(out_dir, stage=NAME, params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
-        save_onnx(optimized.model, w.dir / "model.onnx")
+        save_onnx(model, w.dir / "model.onnx")
         match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=art.precision)
-        w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(optimized.model),
+        w.report.update({"fused_ops": fused, "before": before, "after": graph_stats(model),
                          "fusion_model_type": family.fusion_model_type, "family": family.name})
         if family.attention_fusion:
             w.report["attention_fusion"] = family.attention_fusion

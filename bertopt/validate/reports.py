@@ -332,8 +332,9 @@ def print_summary(result: dict[str, Any], console) -> None:
         lat = Table(title="latency (ms per batch; p90 and the reference's p99 in the reports)", title_justify="left")
         for head in _LAT_TERMINAL:
             lat.add_column(head, justify="right")
+        keep = [_LAT_HEAD.index(full) for full in _LAT_TERMINAL.values()]
         for row in _latency_rows(result):
-            lat.add_row(*(row[_LAT_HEAD.index(full)] for full in _LAT_TERMINAL.values()))
+            lat.add_row(*(row[i] for i in keep))
         console.print(whole_cells(lat, console))
     if result.get("default_targets"):
         console.print(f"no --targets given: {gated_by_default_line(result)}", highlight=False)
