@@ -208,11 +208,35 @@ def main(argv: list[str] | None = None) -> None:
                 signal.signal(signal.SIGINT, previous_int)
     except KeyboardInterrupt:  # delivered while the handlers were put back (signal.signal runs pending handlers)
         INTERRUPTED.set()
+    except Exception:
+        if not INTERRUPTED.is_set():
+            raise
+        # a library turned the KeyboardInterrupt into an error of its own (torch: "trying to pop from empty mode
+        # stack"; a class body: "Error calling __set_name__"): the run was interrupted, not broken, and exit 1
+        # would tell CI that the gate failed
     if INTERRUPTED.is_set() and code not in (130, 143):
         # the KeyboardInterrupt was swallowed on the way (see bertopt.errors) or came after _run: still interrupted
         err_console.print("interrupted", highlight=False, soft_wrap=True)
         code = 130
+    if code == 130:
+        _forget_interrupt_seen_by_pyrun()
     sys.exit(code)
+
+
+def _forget_interrupt_seen_by_pyrun() -> None:
+    """Under ``python -m``, CPython kills the process with SIGINT at exit (status -2, not our 130) when any
+    KeyboardInterrupt once left a nested ``PyRun_String`` call, even one handled afterwards: it marks the interrupt
+    unhandled in a process-wide flag. optree evaluates its lazy imports that way, so an interrupt that landed there
+    turned a clean 'interrupted' exit into a signal death (seen in CI). Here the interrupt has been handled, so
+    the flag is cleared where this CPython exports it (3.11; later versions keep it inside ``_PyRuntime``, and
+    there the process ends by SIGINT, which shells also report as 130). The console script is not affected."""
+    import ctypes
+
+    try:
+        flag = ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
+    except ValueError:  # not exported by this CPython: nothing to clear
+        return
+    flag.value = 0
 
 
 def _run(argv: list[str] | None) -> int:

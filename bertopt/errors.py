@@ -12,7 +12,8 @@
   The CLI also remembers a SIGINT (``INTERRUPTED``): Python drops an exception raised where it cannot propagate
   (a KeyboardInterrupt inside an import lock's callback: "Exception ignored in ..."), and such a lost interrupt
   let a gate run on, write its report and exit 0. Every writer calls ``check_interrupted()`` before it renames
-  its output into place, and the CLI exits 130 whenever one arrived.
+  its output into place, and the CLI exits 130 whenever one arrived. An error a library raised from the interrupt
+  (torch's "trying to pop from empty mode stack") is reported the same way, not as a traceback with exit 1.
 * Anything else is a bug and keeps its traceback.
 """
 

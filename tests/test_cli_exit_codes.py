@@ -160,6 +160,60 @@ def test_an_interrupt_a_library_swallowed_still_exits_130_and_writes_no_report(t
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no report, no temp folder, no lock
 
 
+# What a library can do to the KeyboardInterrupt on its way out. Installed through sitecustomize so that the command
+# runs as a user starts it (``python -m bertopt.cli``: CPython's -m path is the one that reads the flag below), and
+# as late as the gate's report writer, so that no later eval of a string clears the flag again: torch's exit
+# handler imports tabulate (an nncf dependency), whose namedtuples eval strings; in the CI run that saw the bug it
+# was imported already.
+INTERRUPT_IN_LIBRARY = """
+import os, signal
+import tabulate
+import bertopt.validate.reports as reports
+
+write_reports = reports.write_reports
+
+def interrupted_in_library(*args, **kwargs):
+    {body}
+    return write_reports(*args, **kwargs)
+
+reports.write_reports = interrupted_in_library
+"""
+
+# an interrupt that lands in code run from a string (exec / eval, namedtuple, optree's lazy imports: all go through
+# PyRun_String) sets CPython's process-wide "unhandled KeyboardInterrupt" flag, and under -m the process then killed
+# itself with SIGINT (-2) after its clean 'interrupted' (seen in CI)
+IN_CODE_RUN_FROM_A_STRING = ('''exec("import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\n'''
+                             '''for _ in range(1000): pass\\n", {})''')
+
+# torch's mode stack raised "trying to pop from empty mode stack" when the interrupt landed in its context manager:
+# a traceback and exit 1, which CI reads as "gate failed"
+TURNED_INTO_AN_ERROR = """try:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+    except KeyboardInterrupt as exc:
+        raise RuntimeError("trying to pop from empty mode stack") from exc"""
+
+
+@pytest.mark.parametrize("library", [IN_CODE_RUN_FROM_A_STRING, TURNED_INTO_AN_ERROR],
+                         ids=["in-code-run-from-a-string", "turned-into-an-error"])
+def test_an_interrupt_a_library_handled_its_own_way_still_exits_130_under_python_m(tiny_onnx, tmp_path, library):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(INTERRUPT_IN_LIBRARY.format(body=library))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": os.pathsep.join(
+        [str(site), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(tiny_onnx.path), "--report-dir",
+                           str(work / "r"), "--seq-lens", "16"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert lines(proc.stderr)[-1] == "interrupted" and "gate PASSED" not in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in work.iterdir()) == []
+
+
 def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
