@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     results = bench.measure(contenders, settings, reference=reference, progress=say)
     bench.add_ratios(results, reference.name, "pt-fp32")
     title = f"default recipes vs PyTorch fp32 ({args.model})"
-    console.print(bench.results_table(results, settings, title, ["pt-fp32"]))
+    bench.print_results(results, settings, title, console, ["pt-fp32"])
     path = output_path(args, "bench_recipes")
     write_json(path, {"script": "bench_recipes", "model": args.model, "settings": asdict(settings),
                       "machine": machine | {"load_average_after": machine_info().get("load_average")},

@@ -104,8 +104,8 @@ def main(argv=None) -> int:
     bench.add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
     machine["load_average_after"] = machine_info().get("load_average")
     machine["gemm_ceiling_gflop_per_s_after"] = gemm_ceiling(threads)
-    console.print(bench.results_table(results, settings, f"issue 8: side by side ({args.model}, {len(contenders)} "
-                                f"contenders, {settings.rounds} interleaved rounds, medians)", ["pt-fp32", "pt-bf16"]))
+    bench.print_results(results, settings, f"issue 8: side by side ({args.model}, {len(contenders)} contenders, "
+                        f"{settings.rounds} interleaved rounds, medians)", console, ["pt-fp32", "pt-bf16"])
     verdict = goal_check(results, machine)
     for line in verdict["lines"]:
         console.print(line)

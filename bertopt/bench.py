@@ -304,40 +304,62 @@ def add_ratios(results: list[dict[str, Any]], baseline: str, key: str) -> None:
         }
 
 
-def results_table(results: list[dict[str, Any]], settings: Settings, title: str, ratio_keys: Sequence[str] = ()):
+def results_tables(results: list[dict[str, Any]], settings: Settings, title: str, ratio_keys: Sequence[str] = ()):
+    """The results as tables of a few columns each (speed; ratios to the references; cosine fidelity; the task's
+    own figures where a model has a task), so that each reads on an 80-column terminal once laid out with
+    ``bertopt.terminal.whole_cells``."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left",
-                  caption=f"(a) batch {settings.batch_size} padded to {settings.seq_len} tokens, texts/s; "
-                  f"(b) mixed-length text, length-bucketed batches of {settings.batch_size}, texts/s; p50/p99: batch 1,"
-                  f" {settings.latency_seq_len} tokens; GFLOP/s on (a); cosine of the primary output vs the reference "
-                  "on the built-in corpus (mean, min), on (a) and (b) (min); nbr@10: neighbour agreement@10 (corpus); "
-                  "task: the task's figures vs the reference on the corpus (top1, dprob, tok, F1, ndcg, rho, terms)",
-                  caption_justify="left")
-    cols = ["contender", "runtime", "precision", "(a) /s", "(b) /s", "p50 ms", "p99 ms", "GFLOP/s"]
-    for key in ratio_keys:
-        cols += [f"(a) x{key}", f"(b) x{key}", f"p50 /{key}"]
-    cols += ["cos mean", "cos min", "cos min (a)", "cos min (b)", "nbr@10", "task"]
-    for col in cols:
-        text = col in ("contender", "runtime", "precision")
-        table.add_column(col, justify="left" if text else "right", no_wrap=text)
+    def table(name: str, caption: str, cols: list[str]) -> Table:
+        t = Table(title=f"{title}: {name}", title_justify="left", caption=caption, caption_justify="left")
+        for col in cols:
+            text = col in ("contender", "runtime", "precision", "task")  # left; numbers right
+            t.add_column(col, justify="left" if text else "right")
+        return t
+
+    speed = table("speed", f"(a) batch {settings.batch_size} padded to {settings.seq_len} tokens, texts/s; (b) "
+                  f"mixed-length text, length-bucketed batches of {settings.batch_size}, texts/s; p50/p99: batch 1, "
+                  f"{settings.latency_seq_len} tokens; GFLOP/s on (a)",
+                  ["contender", "runtime", "precision", "(a) /s", "(b) /s", "p50 ms", "p99 ms", "GFLOP/s"])
+    ratios = table("ratios", "x: throughput over the reference's (higher is faster); /: batch-1 p50 latency over the "
+                   "reference's (lower is faster)",
+                   ["contender"] + [c for key in ratio_keys for c in (f"(a) x {key}", f"(b) x {key}", f"p50 / {key}")])
+    fidelity = table("fidelity", "cosine of the primary output vs the reference on the built-in corpus (mean, min), "
+                     "on (a) and (b) (min); nbr@10: neighbour agreement@10 (corpus)",
+                     ["contender", "cos mean", "cos min", "cos min (a)", "cos min (b)", "nbr@10"])
+    task = table("task fidelity", "the task's figures vs the reference on the corpus (top1: top-1 agreement, dprob: "
+                 "largest probability difference, tok: token-label agreement, F1: entity F1, ndcg: NDCG@10, rho: "
+                 "Spearman, terms: term overlap@10)", ["contender", "task"])
     for r in results:
-        row = [r["name"], str(r.get("backend", "")), str(r.get("precision", "")), f"{r['padded_texts_per_s']:.1f}",
-               f"{r['mixed_texts_per_s']:.1f}", f"{r['latency_p50_ms']:.2f}", f"{r['latency_p99_ms']:.2f}",
-               f"{r['padded_gflop_per_s']:.0f}" if r.get("padded_gflop_per_s") else "-"]
+        speed.add_row(r["name"], str(r.get("backend", "")), str(r.get("precision", "")),
+                      f"{r['padded_texts_per_s']:.1f}", f"{r['mixed_texts_per_s']:.1f}", f"{r['latency_p50_ms']:.2f}",
+                      f"{r['latency_p99_ms']:.2f}",
+                      f"{r['padded_gflop_per_s']:.0f}" if r.get("padded_gflop_per_s") else "-")
+        row = [r["name"]]
         for key in ratio_keys:
             v = r.get("vs", {}).get(key)
             row += [f"{v['padded']:.2f}", f"{v['mixed']:.2f}", f"{v['latency_p50']:.2f}"] if v else ["-"] * 3
+        ratios.add_row(*row)
         f = r.get("fidelity")
         if f:
-            nan = float("nan")  # a rerank score has no cosine: its figures are in the task column
-            row += [f"{f['corpus'].get('cos_mean', nan):.6f}", f"{f['corpus'].get('cos_min', nan):.6f}",
-                    f"{f['padded'].get('cos_min', nan):.5f}", f"{f['mixed'].get('cos_min', nan):.5f}",
-                    f"{f['corpus'].get('neighbour_agreement_at_10', nan):.3f}", task_figures(f)]
+            nan = float("nan")  # a rerank score has no cosine: its figures are in the task table
+            fidelity.add_row(r["name"], f"{f['corpus'].get('cos_mean', nan):.6f}",
+                             f"{f['corpus'].get('cos_min', nan):.6f}", f"{f['padded'].get('cos_min', nan):.5f}",
+                             f"{f['mixed'].get('cos_min', nan):.5f}",
+                             f"{f['corpus'].get('neighbour_agreement_at_10', nan):.3f}")
         else:
-            row += ["-"] * 6
-        table.add_row(*row)
-    return table
+            fidelity.add_row(r["name"], *["-"] * 5)
+        task.add_row(r["name"], task_figures(f))
+    tasks = any(r.get("fidelity") and r["fidelity"].get("task") for r in results)
+    return [speed, *([ratios] if ratio_keys else []), fidelity, *([task] if tasks else [])]
+
+
+def print_results(results: list[dict[str, Any]], settings: Settings, title: str, console,
+                  ratio_keys: Sequence[str] = ()) -> None:
+    from bertopt.terminal import whole_cells
+
+    for table in results_tables(results, settings, title, ratio_keys):
+        console.print(whole_cells(table, console))
 
 
 BENCH_HELP = ("Measure artifacts through the Predictor: throughput at batch 32 padded to 128 tokens, on mixed-length "
@@ -350,7 +372,7 @@ def _bench(config) -> None:
 
     from bertopt.errors import UserError
 
-    console = Console(width=max(Console().width, 200))  # the table is wide; piped output must not truncate it
+    console = Console()
     settings = Settings(**SETTINGS_FIELDS.kwargs(config))
     artifacts = [Path(a) for a in config["artifacts"]]
     json_out = Path(config["json_out"]) if config["json_out"] else None
@@ -379,7 +401,7 @@ def _bench(config) -> None:
         add_ratios(results, "PyTorch fp32", "pt-fp32")
         add_ratios(results, "PyTorch bf16 autocast", "pt-bf16")
         ratio_keys = ["pt-fp32", "pt-bf16"]
-    console.print(results_table(results, settings, "bertopt bench", ratio_keys))
+    print_results(results, settings, "bertopt bench", console, ratio_keys)
     if json_out is not None:
         from dataclasses import asdict
 

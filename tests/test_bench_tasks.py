@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertopt.bench import Contender, Settings, measure, results_table
+from bertopt.bench import Contender, Settings, measure, print_results, task_figures
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 
@@ -31,9 +31,14 @@ def test_bench_records_the_task_figures(task_artifact, tmp_path, task):
         assert exact[metric] == pytest.approx(0.0 if metric == "max_prob_diff" else 1.0)
         assert 0.0 <= quantized[metric] <= 1.0
     assert any(quantized[m] != pytest.approx(exact[m], abs=1e-9) for m in TASK_FIGURES[task])
-    console = Console(width=400, record=True)
-    console.print(results_table(results, s, "bench"))
+    console = Console(width=80, record=True)  # a plain terminal: every figure shown whole, none cut
+    print_results(results, s, "bench", console)
     shown = console.export_text()
+    assert "…" not in shown
+    for r in results:
+        assert task_figures(r["fidelity"]) in shown
+        cos_min = r["fidelity"]["corpus"].get("cos_min", float("nan"))  # a rerank score has no cosine
+        assert f"{r['padded_texts_per_s']:.1f}" in shown and f"{cos_min:.6f}" in shown
     assert "F1" in shown if task == "token-classification" else "top1" in shown or "ndcg" in shown or "terms" in shown
 
 
