@@ -29,8 +29,9 @@ import shutil
 import stat
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, Iterator
 
 from bertopt.errors import ArtifactError, UserError, out_of_space
 from bertopt.model_handle import ModelHandle, output_kinds, primary_output
@@ -738,6 +739,16 @@ class ArtifactWriter:
             raise
         self._t0 = time.perf_counter()
         return self
+
+    @contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A scratch folder for intermediate models, inside the folder the artifact is built in and removed when the
+        block ends: a writer killed by SIGKILL leaves it where the next run's sweep removes it with the rest, not
+        in the system temp dir."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix=".scratch-", dir=self.dir) as folder:
+            yield Path(folder)
 
     def copy_tokenizer(self, artifact_or_dir: Artifact | Path) -> None:
         src = artifact_or_dir.tokenizer_path if isinstance(artifact_or_dir, Artifact) else Path(artifact_or_dir)

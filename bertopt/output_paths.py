@@ -12,6 +12,10 @@
   and the lock file is removed on release.
 * ``temp_sibling`` names the hidden folder an output is built in (``.NAME.tmp-<pid>-<random>``); ``sweep_stale``
   removes such folders whose owner process is gone (a writer killed by SIGKILL), under the lock.
+* ``process_scratch`` makes a folder in the system temp dir for files a process needs until it exits (a tokenizer
+  built from slow-tokenizer files, an artifact zipped for Spark's executors) and removes it at exit, where no
+  ``with`` block can bound its life. A stage's scratch lives inside its output's temp folder instead
+  (``ArtifactWriter.scratch``), so the sweep above removes it after a SIGKILL too.
 * ``write_json`` writes a JSON file (a manifest, a report, a result) to a temp file and renames it into place.
 
 Ground layer: imports nothing of bertopt but ``errors``.
@@ -19,6 +23,7 @@ Ground layer: imports nothing of bertopt but ``errors``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -260,6 +265,16 @@ def sweep_stale(target: Path) -> list[Path]:
             entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
+
+
+def process_scratch(what: str) -> Path:
+    """A new folder ``$TMPDIR/bertopt-WHAT-*`` removed when this process exits (normally, by an exception, by
+    SIGINT or SIGTERM through the CLI's handlers; a SIGKILL leaves it to the system's temp cleaning)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f"bertopt-{what}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # at exit there is no one left to tell
+    return folder
 
 
 def check_links_inside(folder: Path, what: str) -> None:

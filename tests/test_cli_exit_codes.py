@@ -19,9 +19,10 @@ from bertopt.cli import app
 COMMANDS = sorted(typer.main.get_command(app).commands)
 
 
-def bertopt(argv, cwd: Path) -> subprocess.Popen:
+def bertopt(argv, cwd: Path, **env_vars) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")]), "COLUMNS": "300"}
+                                                        os.environ.get("PYTHONPATH", "")]), "COLUMNS": "300",
+           **env_vars}
     return subprocess.Popen([sys.executable, "-m", "bertopt.cli", *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -230,18 +231,24 @@ def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
 
 
 # -- SIGKILL: what cannot be cleaned is swept by the next run ------------------------------------------------
-def test_a_stage_killed_mid_write_leaves_a_temp_folder_the_next_run_sweeps(tiny_onnx, tmp_path):
-    proc = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
-    wait_for(lambda: hidden(tmp_path, ".q.tmp-"), proc)
+def test_a_stage_killed_mid_write_leaves_a_temp_folder_the_next_run_sweeps(tiny_onnx, tmp_path, tmp_path_factory):
+    temp = tmp_path_factory.mktemp("TMPDIR")  # the system temp dir the stage sees
+    proc = bertopt(_stage_argv(tiny_onnx.path), tmp_path, TMPDIR=str(temp))
+    # killed while the stage's scratch copy of its input model exists (calibration runs on it)
+    wait_for(lambda: list(tmp_path.glob(".q.tmp-*/.scratch-*/in.onnx")) or list(temp.glob("bertopt-*/in.onnx")),
+             proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)  # reaped: its pid is gone
     assert proc.returncode == -signal.SIGKILL
     assert hidden(tmp_path, ".q.tmp-")  # SIGKILL cannot be caught: the orphan is there
-    again = bertopt(_stage_argv(tiny_onnx.path), tmp_path)
+    again = bertopt(_stage_argv(tiny_onnx.path), tmp_path, TMPDIR=str(temp))
     out, err = again.communicate(timeout=240)
     assert again.returncode == 0, err[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # orphan swept, lock file gone
     assert (tmp_path / "q" / "bertopt.json").is_file()
+    # the stage's scratch went with the orphan, not left in the temp dir (ONNX Runtime's own 'ort.quant.*'
+    # scratch is its business)
+    assert [p.name for p in temp.iterdir() if p.name.startswith("bertopt")] == []
 
 
 # -- concurrent writers: one clear failure, never two "wrote" -----------------------------------------------

@@ -102,6 +102,28 @@ def test_sweep_removes_temp_folders_of_dead_writers_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_target.name, unrecognised.name])
 
 
+SCRATCH_THEN = {
+    "a normal exit": "",
+    "sys.exit(3)": "sys.exit(3)",
+    "an uncaught error": "raise RuntimeError('boom')",
+    "an interrupt": "raise KeyboardInterrupt",
+}
+
+
+@pytest.mark.parametrize("then", SCRATCH_THEN.values(), ids=SCRATCH_THEN.keys())
+def test_a_process_scratch_folder_is_removed_when_the_process_exits(tmp_path, then):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    code = ("import sys\nfrom bertopt.output_paths import process_scratch\n"
+            "folder = process_scratch('tok')\n(folder / 'tokenizer.json').write_text('{}')\n"
+            "print(folder, flush=True)\n" + then)
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    folder = Path(proc.stdout.strip())
+    assert folder.parent == temp and folder.name.startswith("bertopt-tok-"), proc.stderr
+    assert not folder.exists() and list(temp.iterdir()) == []
+
+
 def test_the_lock_is_reentrant_in_a_thread_exclusive_across_threads_and_removed_after(tmp_path):
     out = tmp_path / "out"
     seen = []

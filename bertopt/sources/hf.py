@@ -488,7 +488,7 @@ def hf_model_handle(path: Path, *, bf16: bool = False, pooling: str | list | Non
     """The Hugging Face model in ``path`` (with its task head and pooling) as a handle the ``pytorch`` runtime
     runs: the module is built here, its tokenizer is the folder's ``tokenizer.json`` (or one built from the slow
     tokenizer files in a scratch folder)."""
-    import tempfile
+    from bertopt.output_paths import process_scratch
 
     path = Path(path)
     info = read_model_info(path, task=task)
@@ -498,7 +498,7 @@ def hf_model_handle(path: Path, *, bf16: bool = False, pooling: str | list | Non
     info = {**info, "primary_output": outputs[-1]["name"]}
     tok_dir = path
     if not (path / "tokenizer.json").exists():  # build one from the slow-tokenizer files, in a scratch folder
-        tok_dir = Path(tempfile.mkdtemp(prefix="bertopt-tok-"))
+        tok_dir = process_scratch("tok")
         copy_tokenizer(path, tok_dir, family=info["family"])
     return ModelHandle(model_format="pytorch", inputs=tuple(input_specs(info)), outputs=tuple(outputs),
                        tokenizer_path=tok_dir, model_info=info, path=path, digest=f"pytorch:{path}", module=module,

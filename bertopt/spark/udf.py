@@ -125,10 +125,10 @@ def _artifact_dir_in(root: Path, name: str) -> Path:
 def ship_artifact(spark, artifact) -> ArtifactRef:
     """Zip a driver-local artifact and add it to the Spark job (``SparkContext.addArchive``): every executor
     downloads and unpacks it once, and the UDF loads it from there (hashes verified on load)."""
-    import tempfile
     import zipfile
 
     from bertopt.artifact import Artifact
+    from bertopt.output_paths import process_scratch
 
     art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
     sc = spark.sparkContext
@@ -136,7 +136,7 @@ def ship_artifact(spark, artifact) -> ArtifactRef:
     name = _SHIPPED.get(key)
     if name is None:
         name = f"bertopt-{art.digest[:16]}"
-        folder = Path(tempfile.mkdtemp(prefix="bertopt-ship-"))
+        folder = process_scratch("ship")  # Spark serves the archive from here until the job ends
         archive = folder / f"{name}.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:  # model weights barely compress
             for file in sorted(art.path.rglob("*")):

@@ -73,10 +73,9 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
 def _onnx_with_pipeline(path: Path, info: dict, appended: dict):
     """The source ONNX with the same sentence-transformers pipeline the import appended: (None, its bytes), or
     (a scratch file, None) when it is too large for one protobuf."""
-    import tempfile
-
     import onnx
 
+    from bertopt.output_paths import process_scratch
     from bertopt.sources.onnx_pipeline import append_pipeline
 
     if appended.get("folder") and not Path(appended["folder"]).exists():
@@ -85,7 +84,7 @@ def _onnx_with_pipeline(path: Path, info: dict, appended: dict):
     merged = append_pipeline(onnx.load(str(path)), info)
     if merged.ByteSize() < 1_800_000_000:
         return None, merged.SerializeToString()
-    scratch = Path(tempfile.mkdtemp(prefix="bertopt-ref-")) / "model.onnx"
+    scratch = process_scratch("ref") / "model.onnx"
     onnx.save(merged, str(scratch), save_as_external_data=True, location="model.onnx_data")
     return scratch, None
 

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +46,28 @@ def test_slow_tokenizer_files_become_the_same_tokenizer(family, tmp_path):
     # the same weights behind either tokenizer give the same embeddings
     reference = run_stage("export", fast, {}, tmp_path / "ref")
     np.testing.assert_allclose(Predictor(art).encode(TEXTS), Predictor(reference).encode(TEXTS), atol=1e-6)
+
+
+def test_validating_against_a_slow_tokenizer_folder_leaves_no_scratch_behind(tmp_path, tmp_path_factory):
+    """The PyTorch reference of a folder without tokenizer.json builds one in a scratch folder of the system temp
+    dir: the real ``bertopt validate`` removes it when it exits."""
+    fast = build_tiny_family_model(tmp_path / "fast", "bert")
+    slow = tmp_path / "slow"
+    shutil.copytree(fast, slow)
+    original = Tokenizer.from_file(str(slow / "tokenizer.json"))
+    (slow / "tokenizer.json").unlink()
+    vocab = sorted(original.get_vocab().items(), key=lambda kv: kv[1])
+    (slow / "vocab.txt").write_text("\n".join(t for t, _ in vocab) + "\n")
+    art = run_stage("export", slow, {}, tmp_path / "art")
+    temp = tmp_path_factory.mktemp("TMPDIR")
+    env = {**os.environ, "TMPDIR": str(temp),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(art.path), "--reference", str(slow),
+                           "--report-dir", str(tmp_path / "report"), "--no-latency", "--max-texts", "16"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "report" / "validation.json").is_file()
+    assert [p.name for p in temp.iterdir() if p.name.startswith("bertopt")] == []
 
 
 def test_sentencepiece_model_converts_like_sentencepiece(tmp_path):

@@ -70,17 +70,18 @@ def _pyspark_workers() -> list[int]:
     return found
 
 
-def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp_path):
+def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp_path, tmp_path_factory):
     """A backend failure (the Python workers killed mid-job) is exit 3 with one line of ours, never 0, 1 or a
     traceback; the temporary output is removed."""
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"sentence number {i} about cats and dogs" for i in range(100_000)]}), src)
     before = set(_pyspark_workers())  # other Spark sessions on this machine are not ours to kill
-    env = {**os.environ, "COLUMNS": "300",
+    temp = tmp_path_factory.mktemp("TMPDIR")  # where the artifact is zipped for the executors
+    env = {**os.environ, "COLUMNS": "300", "TMPDIR": str(temp),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "bertopt.cli", "spark-predict", "-a", tiny_onnx.path, "-i", src,
-                             "-o", tmp_path / "out", "--master", "local[1]", "--batch-size", "8"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "-o", tmp_path / "out", "--master", "local[1]", "--batch-size", "8", "--ship"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed: set[int] = set()
     try:
         deadline = time.monotonic() + 300
@@ -101,3 +102,4 @@ def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp
     assert last.startswith("error: the Spark job failed: ") and "see the Spark executor logs" in last, last
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]  # no output, no .out.tmp-*, no lock
+    assert [p.name for p in temp.iterdir() if p.name.startswith("bertopt")] == []  # the shipped zip is removed

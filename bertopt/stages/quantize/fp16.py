@@ -7,7 +7,6 @@ additive constant is about -3.4e38). With ``accuracy_target`` the search of
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +167,8 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
 
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
-        with tempfile.TemporaryDirectory(prefix="bertopt-aaf-") as tmp:
-            result, report = search(art, config, targets, texts, candidates, build, Path(tmp),
+        with w.scratch() as tmp:
+            result, report = search(art, config, targets, texts, candidates, build, tmp,
                                     costs=node_costs(model, [n for n, _ in candidates]))
             (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
             blocked = kept_by_convert[str(result["model"])]

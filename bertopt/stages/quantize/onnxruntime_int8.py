@@ -164,8 +164,8 @@ def quantize_int8(art, config, out_dir: Path, overwrite: bool):
         if declared_batch_dependence(config):
             w.extra["batch_invariance"] = declared_batch_dependence(config)
         w.copy_tokenizer(art)
-        with tempfile.TemporaryDirectory(prefix="bertopt-q-") as tmp:
-            src = Path(tmp) / "in.onnx"
+        with w.scratch() as tmp:
+            src = tmp / "in.onnx"
             save_onnx(model, src)
             quantize_model_file(src, w.dir / "model.onnx", config, list(config["exclude_nodes"]) + fp32_added, calib,
                                 predictor)
@@ -224,8 +224,7 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
         if declared_batch_dependence(config):
             w.extra["batch_invariance"] = declared_batch_dependence(config)
         w.copy_tokenizer(art)
-        with tempfile.TemporaryDirectory(prefix="bertopt-aaq-") as tmp:
-            tmp = Path(tmp)
+        with w.scratch() as tmp:
             src = tmp / "in.onnx"
             save_onnx(model, src)
             cache = tmp / "calibration.json"  # static: calibrate once, reuse the ranges for every candidate

@@ -22,7 +22,6 @@ fp32 (plain MatMul, run in the chosen float precision) until the target holds.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +200,8 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
                 rows_by_path[str(path)] = rows
                 save_onnx(compressed, path)
 
-            with tempfile.TemporaryDirectory(prefix="bertopt-aaov-") as tmp:
-                result, search_report = search(art, config, targets, texts, candidates, build, Path(tmp),
+            with w.scratch() as tmp:
+                result, search_report = search(art, config, targets, texts, candidates, build, tmp,
                                         costs=node_costs(model, [n for n, _ in candidates]),
                                         runtime="openvino", runtime_options=options)
                 (w.dir / "model.onnx").write_bytes(Path(result["model"]).read_bytes())
