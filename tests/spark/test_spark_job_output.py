@@ -57,16 +57,27 @@ def test_force_replaces_only_an_earlier_spark_predict_output(spark, tiny_onnx, f
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def _pyspark_workers() -> list[int]:
-    found = []
+def _pyspark_workers(root: int) -> list[int]:
+    """The Python workers among the descendants of ``root`` (the job's driver process): never another job's."""
+    parents, commands = {}, {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
             except OSError:
                 continue  # the process ended while we looked
-            if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
-                found.append(int(entry.name))
+            parents[int(entry.name)] = int(stat[1])
+    found = []
+    for pid, command in commands.items():
+        ancestor = parents.get(pid)
+        for _ in range(64):  # bounded: a pid reused while we read could make a loop
+            if not ancestor or ancestor == root:
+                break
+            ancestor = parents.get(ancestor)
+        if ancestor == root and ("pyspark.daemon" in command or "pyspark.worker" in command):
+            found.append(pid)
     return found
 
 
@@ -75,7 +86,6 @@ def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp
     traceback; the temporary output is removed."""
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"sentence number {i} about cats and dogs" for i in range(100_000)]}), src)
-    before = set(_pyspark_workers())  # other Spark sessions on this machine are not ours to kill
     temp = tmp_path_factory.mktemp("TMPDIR")  # where the artifact is zipped for the executors
     env = {**os.environ, "COLUMNS": "300", "TMPDIR": str(temp),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
@@ -86,8 +96,8 @@ def test_a_spark_job_whose_workers_die_exits_3_and_writes_nothing(tiny_onnx, tmp
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:  # every worker that starts dies
-            for pid in _pyspark_workers():
-                if pid not in before and pid not in killed:
+            for pid in _pyspark_workers(proc.pid):  # this job's workers: other Spark sessions are not ours to kill
+                if pid not in killed:
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
             time.sleep(0.02)
