@@ -75,8 +75,28 @@ def trim_cache(folder: Path, limit: int) -> list[Path]:
     return removed
 
 
-def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
-    """OpenVINO properties for the CPU plugin from an artifact's ``runtime_options``."""
+def holds_fake_quantize(model) -> bool:
+    """Whether an OpenVINO model (read, not compiled) has FakeQuantize nodes: static int8 activations (NNCF's
+    IR)."""
+    return any(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
+
+
+def int8_attention_fusion_is_wrong_here(options: dict[str, Any], features: set[str] | None = None) -> bool:
+    """Whether OpenVINO's fused int8 attention (its "snippets" MHA subgraph) must be turned off for a static int8
+    model on this CPU. On AMX (amx_int8) with a bf16 float part, OpenVINO 2026.4's int8 MHA snippet gives wrong
+    results for an unpadded batch of one: NNCF static int8 MiniLM measured cos min 0.928 alone against 0.984 in
+    batches, 0.50 batch deviation on the token states; with the fusion off, 0.984 both ways and alone = batched to
+    2e-16, at the same speed (0.99x padded 32 x 128, 1.1x short batches; docs/quantization.md). An f32 float part,
+    or a CPU without AMX (AVX-512 VNNI: 4e-5), was not affected."""
+    from bertopt.machine import cpu_features
+
+    return "amx_int8" in (cpu_features() if features is None else features) and \
+        options.get("inference_precision", "auto") != "f32"
+
+
+def compile_config(options: dict[str, Any], threads: int, static_int8: bool = False) -> dict[str, Any]:
+    """OpenVINO properties for the CPU plugin from an artifact's ``runtime_options``; ``static_int8``: the model
+    has FakeQuantize nodes (:func:`holds_fake_quantize`)."""
     precision = options.get("inference_precision", "auto")
     if precision not in PRECISIONS:
         raise UserError(f"unknown OpenVINO inference precision {precision!r} in the manifest; "
@@ -97,6 +117,8 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
     if group is not None:
         # int8-weight MatMuls: activations quantised to int8 per token, per group of channels (0 = stay float)
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(group)
+    if static_int8 and int8_attention_fusion_is_wrong_here(options):
+        config["SNIPPETS_MODE"] = "DISABLE"
     if options.get("profiling"):
         # per-node timings for request.profiling_info (benchmarks/profile_openvino.py); costs a little per node
         config["PERF_COUNT"] = True
@@ -105,6 +127,12 @@ def compile_config(options: dict[str, Any], threads: int) -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
         config["CACHE_DIR"] = str(folder)
     return config
+
+
+def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(f"OpenVINO cannot {verb} {path}: {first}; OpenVINO reads plain ONNX (compile the exported or "
+                     "pruned artifact, not the ONNX Runtime-optimised one)")
 
 
 class OpenVinoSession:
@@ -126,16 +154,16 @@ class OpenVinoSession:
             raise UserError("the OpenVINO runtime opens model files, and this model is only in memory; save it "
                             "to a file first, or use --runtime onnxruntime")
         self.options = dict(model.runtime_options)
-        config = compile_config(self.options, self.threads)
         core = ov.Core()
         path = str(model.model_path)  # an IR's model.xml: OpenVINO reads the model.bin beside it (model_files)
+        # the model is read to look for FakeQuantize only where that changes the compile (AMX)
+        static_int8 = int8_attention_fusion_is_wrong_here(self.options) and holds_fake_quantize(self._read(core, path))
+        config = compile_config(self.options, self.threads, static_int8)
         try:
             # compiling from the path (not a read model) lets OpenVINO use its blob cache
             self._compiled = core.compile_model(path, "CPU", config)
         except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"OpenVINO cannot load {path}: {first}; OpenVINO reads plain ONNX (compile the "
-                            "exported or pruned artifact, not the ONNX Runtime-optimised one)") from None
+            raise _cannot_open("load", path, exc) from None
         if "CACHE_DIR" in config:
             trim_cache(Path(config["CACHE_DIR"]), cache_limit_bytes())
         self.provider = "CPU"
@@ -148,6 +176,13 @@ class OpenVinoSession:
                 self._outputs[name] = port
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
         self._local = threading.local()  # an infer request is not thread-safe; one per calling thread
+
+    @staticmethod
+    def _read(core, path: str):
+        try:
+            return core.read_model(path)
+        except RuntimeError as exc:
+            raise _cannot_open("read", path, exc) from None
 
     def _request(self):
         try:
