@@ -284,9 +284,14 @@ def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report
 def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str] | None, *, rounds: int,
                       threads: int | None, batch_size: int, deadline: float, say: SAY,
                       progress: Callable[[], None] | None = None) -> int:
-    """texts/s of each passing candidate on ``texts``: warm-up, then rounds interleaved (the order rotates each
-    round so none is always first); the median round counts. Stops after the round in which the deadline passes
-    (at least one round). Returns the rounds run."""
+    """texts/s of each passing candidate on ``texts``: a warm-up pass over all of them, then rounds interleaved
+    (the order rotates each round so none is always first); the median round counts. Stops after the round in
+    which the deadline passes (at least one round). Returns the rounds run.
+
+    The warm-up runs every text because OpenVINO compiles kernels for each new input shape, and the length buckets
+    of mixed text are mostly new shapes: warmed on two batches only, MiniLM's static int8 ran its first pass at 167
+    texts/s and the next at 272-349 (AMX Xeon), so a budget that left one round timed the candidates' compiling,
+    not their running (tune measured the static int8 at 0.65x bf16, bench at 0.92x)."""
     from bertopt.measure.latency import time_call
     from bertopt.runtime import Predictor
 
@@ -294,7 +299,7 @@ def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str
                                verify=False) for o in outcomes}
     for o in outcomes:
         p = preds[o.name]
-        p.run(texts[: batch_size * 2], pairs[: batch_size * 2] if pairs else None, outputs=[p.primary_output])
+        p.run(texts, pairs, outputs=[p.primary_output])
     times: dict[str, list[float]] = {o.name: [] for o in outcomes}
     done = 0
     for r in range(rounds):
