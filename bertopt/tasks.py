@@ -28,6 +28,11 @@ class Task:
     # the fidelity metrics only this task measures on its output (beyond the per-output ones of
     # bertopt.measure.compare), usable as ``bertopt validate --targets``
     fidelity_metrics: tuple[str, ...] = ()
+    # padded tokens per model call at most (None: the batch size alone bounds a call). A SPLADE head holds
+    # [batch, tokens, vocabulary] float temporaries before its max-pool: one call of 32 texts x 512 tokens peaked
+    # at 8.4 GB, calls of 4,096 tokens at 2.2 GB at the same speed (0.99-1.01x), 2,048 at 1.2 GB but 0.94x
+    # (2-layer SPLADE, 30,522 terms, ONNX Runtime, 2 cores; benchmarks/sparse_batches.py)
+    batch_tokens: int | None = None
 
 
 TASK_SPECS: tuple[Task, ...] = (
@@ -39,7 +44,7 @@ TASK_SPECS: tuple[Task, ...] = (
     Task("rerank", ("cross-encoder",), "logits", "score", "ForSequenceClassification",
          ("ndcg_at_10", "spearman")),
     Task("sparse-embedding", ("splade",), "sparse_embedding", "sparse", "ForMaskedLM",
-         ("term_overlap_at_10",)),
+         ("term_overlap_at_10",), batch_tokens=4096),
 )
 # the task names, in the order help texts and errors list them
 TASKS: tuple[str, ...] = tuple(t.name for t in TASK_SPECS)

@@ -218,6 +218,10 @@ class Predictor:
         self.outputs = {o["name"]: o for o in handle.outputs}
         self.output_names = [o["name"] for o in handle.outputs]
         self.primary_output = handle.primary_output
+        from bertopt.tasks import task_spec
+
+        # padded tokens per call at most, as the task declares (SPLADE's vocabulary-sized temporaries)
+        self.batch_tokens = task_spec(self.task).batch_tokens
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
         self._lock = threading.Lock()  # sessions are thread-safe; counters are not
 
@@ -432,21 +436,28 @@ class Predictor:
         """Indices of each batch, in run order. Without bucketing: input order, ``batch_size`` at a time.
         With it: sorted by length (stable, so results are reproducible), at most ``batch_size`` a batch, and
         (unless every batch is padded to one fixed length anyway) a new batch before a text longer than
-        ``growth`` x the batch's first + ``slack`` tokens."""
+        ``growth`` x the batch's first + ``slack`` tokens. Either way, where the task bounds the tokens of a call
+        (``batch_tokens``), a new batch before one whose texts x longest text would exceed it."""
         n = len(encodings)
-        if not self.length_bucketing:
+        cap = self.batch_tokens
+        if not self.length_bucketing and cap is None:
             return [list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)]
-        order = sorted(range(n), key=lambda i: len(encodings[i].ids))
+        order = sorted(range(n), key=lambda i: len(encodings[i].ids)) if self.length_bucketing else range(n)
+        bounded_padding = bounded_padding and self.length_bucketing
         batches: list[list[int]] = []
         current: list[int] = []
         limit = 0.0
+        width = 0
         for i in order:
             length = len(encodings[i].ids)
-            if current and (len(current) >= batch_size or (bounded_padding and length > limit)):
+            if current and (len(current) >= batch_size or (bounded_padding and length > limit)
+                            or (cap is not None and (len(current) + 1) * max(width, length) > cap)):
                 batches.append(current)
                 current = []
             if not current:
                 limit = growth * length + slack
+                width = 0
+            width = max(width, length)
             current.append(i)
         if current:
             batches.append(current)

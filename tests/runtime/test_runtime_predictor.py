@@ -122,3 +122,28 @@ def test_batches_bound_padding_on_long_tailed_text(tiny_onnx):
     # and values do not depend on the plan
     assert np.allclose(pred.encode(texts), Predictor(tiny_onnx, batch_size=32, length_bucketing=False).encode(texts),
                        atol=1e-5)
+
+
+def test_a_sparse_model_bounds_the_tokens_of_each_call(task_artifact):
+    # SPLADE holds [batch, tokens, vocabulary] float temporaries: the task declares a token bound per call, every
+    # batch plan keeps to it (bucketed or not), a text is never split, and the values do not depend on the plan
+    from bertopt.tasks import task_spec
+
+    _, art = task_artifact("sparse-embedding")
+    cap = task_spec("sparse-embedding").batch_tokens
+    pred = Predictor(art, batch_size=128)
+    assert pred.batch_tokens == cap and Predictor(task_artifact("classification")[1]).batch_tokens is None
+    long = "a long paragraph about rivers " * 14
+    texts = [long] * 80 + [f"short sentence {i}" for i in range(140)]
+    encodings = pred.tokenize(texts)
+    lengths = [len(e.ids) for e in encodings]
+    assert max(lengths) * 128 > cap  # 128 long texts in one call would exceed the bound
+    for bucketing in (True, False):
+        pred.length_bucketing = bucketing
+        batches = pred.plan_batches(encodings, 128)
+        assert sorted(i for b in batches for i in b) == list(range(len(texts)))
+        assert all(len(b) * max(lengths[i] for i in b) <= cap for b in batches), batches
+        assert all(len(b) <= 128 for b in batches) and max(len(b) for b in batches) > cap // max(lengths)
+    got = pred.encode(texts)
+    one_by_one = Predictor(art, batch_size=1).encode(texts)
+    np.testing.assert_allclose(got, one_by_one, atol=1e-5)
