@@ -287,3 +287,19 @@ def test_onnxruntime_static_int8_script_smoke(tiny_onnx, tmp_path):
     assert signed["cpu_features"] == sorted(cpu_features())
     bad = _run("onnxruntime_static_int8.py", tiny_onnx.path, "--variants", "ffn-out,everything")
     assert bad.returncode == 2 and "unknown group 'everything'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_sparse_batches_script_smoke(task_artifact, tmp_path):
+    """benchmarks/sparse_batches.py on a tiny SPLADE: each (cap, length) in its own process, the plan follows the
+    cap (fewer texts a call under a tighter one), peak memory and speed recorded, the CPU named; JSON written."""
+    _, art = task_artifact("sparse-embedding")
+    out = tmp_path / "sparse.json"
+    proc = _run("sparse_batches.py", art.path, "--caps", "none,256", "--lengths", "40", "--texts", "16",
+                "--rounds", "1", "--passes", "1", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["cap"], r["length"]) for r in rows] == [("none", 40), ("256", 40)]
+    assert rows[0]["batches"] == [16] and max(rows[1]["batches"]) * rows[1]["tokens_per_text"] <= 256
+    assert rows[0]["x_first"] == 1.0 and all(r["texts_per_s"] > 0 and r["peak_rss_gb"] > 0 for r in rows)
+    assert "sparse-embedding by tokens per call" in proc.stdout and "CPU" in proc.stdout
