@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,7 +34,6 @@ WORDS = "the quick brown fox jumps over the lazy dog near the river bank".split(
 def child(artifact: str, cap: str, length: int, texts: int, passes: int) -> None:
     """One measurement, in its own process: prints JSON (texts/s of the best pass, peak RSS, the plan)."""
     import resource
-    import time
 
     from bertopt.runtime import Predictor
 
@@ -43,13 +43,13 @@ def child(artifact: str, cap: str, length: int, texts: int, passes: int) -> None
     batch = [" ".join((WORDS * (words // len(WORDS) + 1))[:words])] * texts
     tokens = len(pred.tokenize(batch[:1])[0].ids)
     pred.encode(batch)  # warm-up: every shape once
-    best = min(_timed(time, pred, batch) for _ in range(passes))
+    best = min(_timed(pred, batch) for _ in range(passes))
     plan = [len(b) for b in pred.plan_batches(pred.tokenize(batch), 32)]
     print(json.dumps({"texts_per_s": texts / best, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                       / 1e6, "tokens_per_text": tokens, "batches": plan}))
 
 
-def _timed(time, pred, batch) -> float:
+def _timed(pred, batch) -> float:
     t0 = time.perf_counter()
     pred.encode(batch)
     return time.perf_counter() - t0

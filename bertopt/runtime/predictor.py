@@ -34,6 +34,7 @@ from bertopt.errors import UserError
 from bertopt.model_handle import ModelHandle
 from bertopt.params import LONG_INPUTS
 from bertopt.runtime.backends import describe, open_session
+from bertopt.tasks import task_spec
 from bertopt.untrusted import lone_surrogate
 
 DEFAULT_BATCH_SIZE = 32
@@ -218,8 +219,6 @@ class Predictor:
         self.outputs = {o["name"]: o for o in handle.outputs}
         self.output_names = [o["name"] for o in handle.outputs]
         self.primary_output = handle.primary_output
-        from bertopt.tasks import task_spec
-
         # padded tokens per call at most, as the task declares (SPLADE's vocabulary-sized temporaries)
         self.batch_tokens = task_spec(self.task).batch_tokens
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
