@@ -26,11 +26,16 @@ $(STAMP): pyproject.toml requirements-real-models.txt
 demo: $(STAMP)
 	$(BIN)/bertopt run recipes/minilm-tuned.yaml --out artifacts
 
+# two pytest-xdist workers, whole files each (module fixtures build once), the long files first (tests/conftest.py):
+# the serial suite keeps 2 cores only ~60% busy, waiting on processes, sockets and the JVM. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

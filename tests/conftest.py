@@ -118,6 +118,34 @@ def task_artifact(tmp_path_factory):
     return get
 
 
+# The files that take minutes, longest first (serial run on 2 cores, --durations, 2026-11-27). Under pytest-xdist
+# (make test: two workers, whole files) they are handed out before the rest, so the workers end together instead
+# of one finishing a long file alone; the second starts the default tune run the served-equals-validated files wait
+# for, early.
+LONG_FILES = (
+    "tests/stages/test_stages_quantize_nncf_real.py",
+    "tests/kafka/test_kafka_bridge_default_artifact.py",
+    "tests/test_tune_real_models.py",
+    "tests/test_tune_families.py",
+    "tests/stages/test_stages_real_mpnet.py",
+    "tests/kafka/test_kafka_spark_backend_tasks.py",
+    "tests/test_benchmark_scripts.py",
+    "tests/kafka/test_kafka_spark_backend.py",
+    "tests/test_cli_readme.py",
+    "tests/stages/test_stages_quantize_nncf.py",
+    "tests/tf/test_tf_minilm.py",
+    "tests/stages/test_stages_minilm.py",
+    "tests/serve/test_serve_fleet_models.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a serial run keeps pytest's order
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))  # stable: the rest as collected
+
+
 def pytest_addoption(parser):
     parser.addoption("--default-recipe", default=None,
                      help="Recipe the default_artifact fixture builds instead of bertopt's default (e.g. "
@@ -137,18 +165,32 @@ class RecipeRun(NamedTuple):
 
 @pytest.fixture(scope="session")
 def default_recipe_run(tmp_path_factory) -> RecipeRun:
-    """``bertopt run recipes/<default>.yaml`` (the main job of ``make demo``), run once per session by the real CLI
-    in its own process: the recipe test reads what it printed and wrote, the served-equals-validated tests serve
-    the artifact it made (one tune of MiniLM instead of one per test file)."""
+    """``bertopt run recipes/<default>.yaml`` (the main job of ``make demo``), run once per test run by the real
+    CLI in its own process (pytest-xdist workers share it through a file lock): the recipe test reads what it
+    printed and wrote, the served-equals-validated tests serve the artifact it made (one tune of MiniLM instead of
+    one per test file or worker)."""
+    import json
     import subprocess
     import sys
 
+    from filelock import FileLock
+
     from bertopt.recipes import DEFAULT_RECIPE
 
-    out = tmp_path_factory.mktemp("default-run")
-    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "run", f"recipes/{DEFAULT_RECIPE}.yaml", "--out",
-                           str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
-    return RecipeRun(proc.returncode, proc.stdout, proc.stderr, out)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each xdist worker's own: the workers share one tune
+    record = root / "default-run.json"
+    with FileLock(str(root / "default-run.lock")):
+        if not record.exists():
+            out = root / "default-run"
+            out.mkdir()
+            proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "run", f"recipes/{DEFAULT_RECIPE}.yaml",
+                                   "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
+            record.write_text(json.dumps({"code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+                                          "out": str(out)}))
+    run = json.loads(record.read_text())
+    return RecipeRun(run["code"], run["stdout"], run["stderr"], Path(run["out"]))
 
 
 @pytest.fixture(scope="session")
