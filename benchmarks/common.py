@@ -68,6 +68,17 @@ def build_recipe(recipe: str | Path, model: str, out: Path, rebuild: bool = Fals
     return result.final, rec
 
 
+def cpu_line(machine: dict[str, Any]) -> str:
+    """The CPU of ``bertopt.machine.machine_info()`` in one line: model, usable cores, the vector features that
+    decide which precisions are fast, and which of VNNI / BF16 / AMX it lacks."""
+    feats = set(machine.get("cpu_features") or [])
+    named = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+             if f in feats]
+    missing = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f not in feats]
+    return (f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores')} usable cores, "
+            f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else ""))
+
+
 def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
     """Peak arithmetic rate per data type from the clock and the vector/matrix units the CPU reports.
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import output_path, progress_printer
+from common import cpu_line, output_path, progress_printer
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "contender_worker.py"
@@ -49,15 +49,6 @@ def add_args(parser) -> None:
                         "autocast contender even where bf16 is not native (it is skipped there by default).")
     parser.add_argument("--peer-cache", type=Path, default=None, help="--st-peers: where the peer's static int8 "
                         "model is built (reused when present; default: under --out).")
-
-
-def cpu_line(machine: dict[str, Any]) -> str:
-    feats = set(machine.get("cpu_features") or [])
-    named = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-             if f in feats]
-    missing = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f not in feats]
-    return (f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores')} usable cores, "
-            f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else ""))
 
 
 def long_texts(n: int, min_words: int) -> list[str]:

@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, peak_gflops  # noqa: E402
-from peers import cpu_line, long_texts  # noqa: E402
+from common import RESULTS, cpu_line, peak_gflops  # noqa: E402
+from peers import long_texts  # noqa: E402
 
 FLOAT_KINDS = ("f32", "bf16", "f16")
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import output_path, progress_printer  # noqa: E402
+from common import cpu_line, output_path, progress_printer  # noqa: E402
 
 WORDS = "the quick brown fox jumps over the lazy dog near the river bank".split()
 
@@ -116,8 +116,7 @@ def main(argv=None) -> int:
                          "x_first": statistics.median(ratios),
                          "peak_rss_gb": statistics.median(g["peak_rss_gb"] for g in got)})
     table = Table(title=f"sparse-embedding by tokens per call ({args.texts} texts, batch size 32, {args.rounds} "
-                  f"rounds; task default {task_spec('sparse-embedding').batch_tokens}); CPU "
-                  f"{machine.get('cpu_model')}, {', '.join(machine.get('flags') or []) or 'AVX2 only'}",
+                  f"rounds; task default {task_spec('sparse-embedding').batch_tokens}); CPU {cpu_line(machine)}",
                   title_justify="left")
     for col in ("tokens/text", "cap", "texts per call", "texts/s", f"x {caps[0]}", "peak RSS GB"):
         table.add_column(col, justify="right")

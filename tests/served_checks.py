@@ -1,5 +1,5 @@
 """Served = validated: the batch compositions the serving tests send, and the deviation they hold against the
-artifact's recorded bound (``Artifact.served_deviation_bound()``)."""
+artifact's recorded bound (``Artifact.served_deviation_bound()``), and the server's ``/metrics`` values."""
 
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ def served_deviation(got, want) -> float:
     if got.shape != want.shape:
         raise AssertionError(f"served shape {got.shape} != in-process shape {want.shape}")
     return float(np.max(1.0 - cosine_rows(got, want))) if len(got) else 0.0
+
+
+def metric_value(metrics: str, name: str, **labels: str) -> float:
+    """One series' value in a Prometheus text page (``/metrics``), labels in the order the server declares them;
+    0 if absent."""
+    series = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def encode_flood(client, texts: list[str], n: int, wait_s: float = 60) -> list:

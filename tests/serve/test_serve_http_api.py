@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx  # the dev extra, which make test installs: a missing one must fail here, not skip
 import numpy as np
 import pytest
+from served_checks import metric_value
 
 from bertopt.harness import descendants
 
@@ -19,14 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.server]
 KEY = "test-secret-key"
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a", "serving models over http is fun",
          "hello world"]
-
-
-def metric_value(metrics: str, series: str) -> float:
-    """The value of one series (name and labels, as /metrics writes them) in a Prometheus text page; 0 if absent."""
-    for line in metrics.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def l2(x):
@@ -288,7 +281,7 @@ def test_sigterm_answers_admitted_http_requests_then_exits_0(tiny_onnx, start_se
         while True:
             metrics = httpx.get(server.url + "/metrics").text
             in_flight = metric_value(metrics, "bertopt_http_requests_in_flight")
-            answered = metric_value(metrics, 'bertopt_http_requests_total{route="/embed",status="200"}')
+            answered = metric_value(metrics, "bertopt_http_requests_total", route="/embed", status="200")
             if in_flight >= 1 and in_flight + answered == 4:
                 break
             assert answered < 4, "every request was answered before the SIGTERM: nothing left to drain"

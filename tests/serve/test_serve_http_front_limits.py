@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from served_checks import metric_value
 from test_serve_server_hostile_input import _post_head, _raw_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(300)]
@@ -33,11 +34,7 @@ def limited_server(tiny_onnx, tmp_path_factory, server_process):
 
 
 def _metric(server, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{re.escape(name)}{re.escape('{' + want + '}') if want else ''} (\S+)$"
-    found = re.search(pattern, text, re.M)
-    return float(found.group(1)) if found else 0.0
+    return metric_value(httpx.get(server.url + "/metrics", timeout=30).text, name, **labels)
 
 
 def _read_answer(sock: socket.socket) -> tuple[int, bytes]:
