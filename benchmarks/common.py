@@ -75,8 +75,10 @@ def cpu_line(machine: dict[str, Any]) -> str:
     named = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
              if f in feats]
     missing = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f not in feats]
+    cap = machine.get("isa_cap")
     return (f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores')} usable cores, "
-            f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else ""))
+            f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else "")
+            + (f" (ONEDNN_MAX_CPU_ISA={cap}: the CPU has {', '.join(machine.get('flags') or [])})" if cap else ""))
 
 
 def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
@@ -91,7 +93,8 @@ def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, 
     """
     ghz = (machine.get("cpu_mhz") or 0) / 1000
     cores = cores or machine.get("cpus") or 1
-    flags = set(machine.get("flags") or [])
+    # the features the kernels use (under a oneDNN ISA cap, fewer than the CPU has); older records: the CPU's flags
+    flags = set(machine["cpu_features"] if "cpu_features" in machine else machine.get("flags") or [])
     per_cycle = {"fp32": 64 if "avx512f" in flags else 32}
     if "avx512_bf16" in flags:
         per_cycle["bf16"] = 128

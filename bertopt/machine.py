@@ -11,14 +11,47 @@ from typing import Any
 _VECTOR_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni")
 
 
-def cpu_features() -> set[str]:
-    """The x86 vector features of this CPU that decide which kernels the runtimes use (empty off Linux/x86)."""
+# oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, older name DNNL_MAX_CPU_ISA): OpenVINO's CPU plugin and PyTorch's oneDNN
+# kernels use no instruction set above it, so a capped run has the kernels of a CPU without the features above the
+# cap (AMX off on a Sapphire Rapids: the kernels of an AVX-512 VNNI + BF16 CPU such as Zen 5). Each cap: the
+# features it keeps. ONNX Runtime's own kernels (MLAS) ignore the cap.
+_AVX2 = {"avx2"}
+_AVX512_VNNI = _AVX2 | {"avx_vnni", "avx512f", "avx512_vnni"}
+_ISA_CAPS: dict[str, set[str] | None] = {
+    "SSE41": set(), "AVX": set(), "AVX2": _AVX2, "AVX2_VNNI": _AVX2 | {"avx_vnni"},
+    "AVX2_VNNI_2": _AVX2 | {"avx_vnni"}, "AVX512_CORE": _AVX2 | {"avx_vnni", "avx512f"},
+    "AVX512_CORE_VNNI": _AVX512_VNNI, "AVX512_CORE_BF16": _AVX512_VNNI | {"avx512_bf16"},
+    "AVX512_CORE_FP16": _AVX512_VNNI | {"avx512_bf16"}, "AVX10_1_512": _AVX512_VNNI | {"avx512_bf16"},
+    "AVX512_CORE_AMX": None, "AVX512_CORE_AMX_FP16": None, "AVX10_1_512_AMX": None,
+    "AVX10_1_512_AMX_FP16": None, "AVX10_2_512": None, "AVX10_2_512_AMX_2": None, "ALL": None, "DEFAULT": None,
+}
+
+
+def isa_cap() -> str | None:
+    """The oneDNN ISA cap this process runs under (``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``), upper-cased, or
+    None. A value oneDNN does not know is returned as it is (oneDNN ignores it; so does :func:`cpu_features`)."""
+    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return value.strip().upper() if value and value.strip() else None
+
+
+def cpu_features(flags: set[str] | None = None, cap: str | None = None) -> set[str]:
+    """The x86 vector features that decide which kernels the runtimes use: this CPU's (``flags``: the flags
+    /proc/cpuinfo lists; empty off Linux/x86) less those above the oneDNN ISA cap (``cap``, default
+    :func:`isa_cap`), since OpenVINO and PyTorch then use no kernel that needs them."""
+    if flags is None:
+        flags = _cpuinfo_flags()
+    features = {f for f in flags if f in _VECTOR_FEATURES}
+    kept = _ISA_CAPS.get(cap if cap is not None else (isa_cap() or "ALL"))
+    return features if kept is None else features & kept
+
+
+def _cpuinfo_flags() -> set[str]:
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists():
         return set()
     for line in cpuinfo.read_text(errors="replace").splitlines():
         if line.startswith("flags"):
-            return {f for f in line.split(":", 1)[1].split() if f in _VECTOR_FEATURES}
+            return set(line.split(":", 1)[1].split())
     return set()
 
 
@@ -58,7 +91,10 @@ def machine_info() -> dict[str, Any]:
                 info["cpu_mhz"] = float(line.split(":", 1)[1])
         flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
         info["flags"] = sorted(f for f in set(flags) if f.startswith(("avx512", "amx", "avx_vnni")))
-        info["cpu_features"] = sorted(cpu_features())
+        info["cpu_features"] = sorted(cpu_features(set(flags)))
+    if isa_cap():
+        # the features above are the ones the kernels use under this cap; "flags" are the CPU's own
+        info["isa_cap"] = isa_cap()
     meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         for line in meminfo.read_text().splitlines():

@@ -187,8 +187,11 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
         (Candidate("onnxruntime-int8", [("optimize", {}), ("quantize", {"mode": "int8-dynamic", "per_channel": True})],
                    "onnxruntime", "int8-dynamic",
                    why="every CPU" + ("" if int8_dot else " (no VNNI: its u8s8 kernels can saturate)")), None),
-        (Candidate("onnxruntime-fp16-cuda", [("optimize", {}), ("quantize", {"mode": "fp16"})], "onnxruntime", "fp16",
-                   provider="cuda", why="ONNX Runtime has " + ", ".join(gpus)),
+        # compiled for CUDA: the manifest records the provider it was gated and timed on, so serve's `auto` runs it
+        # there (an fp16 model on a CPU would be neither fast nor what was validated)
+        (Candidate("onnxruntime-fp16-cuda", [("optimize", {}), ("quantize", {"mode": "fp16"}),
+                                             ("compile", {"runtime": "onnxruntime", "provider": "cuda"})],
+                   "onnxruntime", "fp16", provider="cuda", why="ONNX Runtime has " + ", ".join(gpus)),
          None if "CUDAExecutionProvider" in gpus else "no CUDA provider in this ONNX Runtime (no usable GPU)"),
         # without VNNI / AMX OpenVINO runs int8 MatMuls with oneDNN's jit_gemm kernels, not brgemm: on an AVX2-only
         # CPU MiniLM's static int8 ran at 0.77x its f32 (docs/performance.md), so there is no speed to win
@@ -439,15 +442,26 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
 
         load_texts(config["data"], config["text_column"])  # a bad file fails now, before any model work
     candidates, outcomes = plan_candidates(features, gpus, config["candidates"], config["data"])
+    refused: list[Outcome] = []
+    for cand in list(candidates):
+        try:
+            for name, cfg in cand.steps:
+                preflight_stage(get_stage(name), resolve_config(get_stage(name).PARAMS, cfg, f"{cand.name}: {name}"),
+                                f"{cand.name}: {name}")
+        except UserError as exc:
+            if cand.provider == "cpu":
+                raise  # the user's options: nothing is built
+            # a GPU this machine cannot open: that candidate is refused in one line, the others go on
+            candidates.remove(cand)
+            refused.append(Outcome(cand.name, "refused", str(exc), candidate=cand))
     if not candidates:
         raise UserError("no candidate can be built on this machine with the given --candidates; "
-                        "drop --candidates or name one of " + ", ".join(CANDIDATE_NAMES[:3]))
-    for cand in candidates:
-        for name, cfg in cand.steps:
-            preflight_stage(get_stage(name), resolve_config(get_stage(name).PARAMS, cfg, f"{cand.name}: {name}"),
-                            f"{cand.name}: {name}")
+                        "drop --candidates or name one of " + ", ".join(CANDIDATE_NAMES[:3])
+                        + "".join(f" ({o.name}: {o.reason})" for o in refused))
     for o in outcomes:
         say(f"{o.name}: not built: {o.reason}")
+    for o in refused:
+        say(f"{o.name}: refused: {o.reason}")
 
     work = out.parent / f".{out.name}.tune-work-{uuid.uuid4().hex[:8]}"
     total = len(candidates) + 2
@@ -494,7 +508,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
                 current = built[key]
             return current
 
-        ran: list[Outcome] = []
+        ran: list[Outcome] = list(refused)
         for cand in candidates:
             passed_so_far = [o for o in ran if o.status == "passed"]
             if time.monotonic() > deadline:
@@ -636,7 +650,9 @@ def markdown_table(record: dict[str, Any]) -> str:
     head = [f"# bertopt tune: {record['source']}", "",
             f"Winner: **{record['winner'] or 'none'}** — {record['why']}.", "",
             f"Machine: {m.get('cpu_model', m.get('processor', '?'))}, {m.get('usable_cores')} usable cores, CPU "
-            f"features {', '.join(m.get('cpu_features', [])) or 'none read'}; GPU providers: "
+            f"features {', '.join(m.get('cpu_features', [])) or 'none read'}"
+            + (f" (under ONEDNN_MAX_CPU_ISA={m['isa_cap']}; the CPU's own: {', '.join(m.get('flags', []))})"
+               if m.get("isa_cap") else "") + "; GPU providers: "
             f"{', '.join(record['gpu_providers']) or 'none'}.", "",
             f"Gate ({record['task']}, output `{record['primary_output']}`): `{record['targets']}` against "
             f"{record['gate']['reference']} on {record['gate']['texts']} texts ({record['gate']['data']}), "

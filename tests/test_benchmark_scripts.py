@@ -303,3 +303,23 @@ def test_sparse_batches_script_smoke(task_artifact, tmp_path):
     assert rows[0]["batches"] == [16] and max(rows[1]["batches"]) * rows[1]["tokens_per_text"] <= 256
     assert rows[0]["x_first"] == 1.0 and all(r["texts_per_s"] > 0 and r["peak_rss_gb"] > 0 for r in rows)
     assert "sparse-embedding by tokens per call" in proc.stdout and "CPU" in proc.stdout
+
+
+def test_the_cpu_line_and_peaks_follow_a_onednn_isa_cap():
+    # a benchmark run under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 on an AMX CPU measures the kernels of a CPU without
+    # AMX: its table must say so, and its peaks must be that CPU's
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from common import cpu_line, peak_gflops
+    finally:
+        sys.path.pop(0)
+    machine = {"cpu_model": "Xeon", "usable_cores": 2, "cpus": 2, "cpu_mhz": 2000.0, "isa_cap": "AVX512_CORE_BF16",
+               "flags": ["amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512f"],
+               "cpu_features": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"]}
+    line = cpu_line(machine)
+    assert "avx512_vnni, avx512_bf16; no amx_int8" in line
+    assert "(ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: the CPU has amx_bf16, amx_int8" in line
+    peaks = peak_gflops(machine)
+    assert peaks["bf16"] == 128 * 2.0 * 2 and peaks["int8"] == 256 * 2.0 * 2  # AVX-512 dot products, not AMX tiles
+    uncapped = peak_gflops({**machine, "cpu_features": machine["flags"]})
+    assert uncapped["int8"] == 2048 * 2.0 * 2

@@ -101,6 +101,23 @@ def test_a_candidate_that_cannot_run_is_one_line_and_tune_goes_on(tiny_model, tm
     assert result.record["winner"] == "onnxruntime-fp32"
 
 
+@pytest.mark.gpu  # skipped where no GPU is visible (tests/conftest.py)
+def test_on_a_gpu_the_fp16_cuda_candidate_is_gated_timed_and_recorded(tiny_model, tmp_path):
+    lines: list[str] = []
+    result = run_tune(str(tiny_model), tmp_path / "tuned",
+                      {"candidates": ["onnxruntime-fp32", "onnxruntime-fp16-cuda"], "max_texts": 64, "rounds": 2},
+                      say=lines.append)
+    record = result.record
+    assert "CUDAExecutionProvider" in record["gpu_providers"]
+    fp16 = {c["name"]: c for c in record["candidates"]}["onnxruntime-fp16-cuda"]
+    assert fp16["status"] == "passed", lines
+    assert fp16["cos_min_alone"] >= 0.995 and fp16["cos_min_batched"] >= 0.995 and fp16["texts_per_s"] > 0
+    winner = Artifact.load(tmp_path / "tuned")
+    expected = "cuda" if record["winner"] == "onnxruntime-fp16-cuda" else None
+    assert winner.manifest.get("runtime_options", {}).get("provider") == expected
+    check_reports(tmp_path / "tuned-report", record)
+
+
 def test_no_passing_candidate_exits_1_and_writes_no_artifact(tiny_model, tmp_path, cli):
     out = tmp_path / "tuned"
     # max_abs <= 1e-12 against PyTorch: no runtime meets it

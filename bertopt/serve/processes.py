@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from bertopt.errors import UserError
 
 # what a worker or the sink takes from the server's environment (the rest, API keys included, stays behind):
 # locale, home and temp folders, the loader and GPU selection, thread-pool and runtime settings
@@ -33,6 +36,22 @@ def start_child(module: str, config: dict, **popen_kw) -> subprocess.Popen:
     proc.stdin.write(data if popen_kw.get("text") else data.encode())
     proc.stdin.close()
     return proc
+
+
+def check_children_import_this_bertopt() -> None:
+    """Before any child starts: ``python -I`` must import the very bertopt package this server runs. Run from a
+    source tree through PYTHONPATH (which ``-I`` ignores), a child would find none, or another installed version
+    that would serve with other code than the server validated; either way one line says how to install it."""
+    here = Path(__file__).resolve().parents[1]
+    probe = subprocess.run([sys.executable, "-I", "-c", "import bertopt; print(bertopt.__file__)"],
+                           capture_output=True, text=True, env=child_env(), timeout=120)
+    found = Path(probe.stdout.strip()).resolve().parent if probe.returncode == 0 and probe.stdout.strip() else None
+    if found == here:
+        return
+    where = f"finds bertopt at {found}" if found else "cannot import bertopt"
+    raise UserError(f"bertopt serve starts its workers with '{sys.executable} -I' (isolated: PYTHONPATH and the "
+                    f"current folder are not read), which {where}, not {here} that this server runs; install it "
+                    f"into that Python: pip install -e {here.parent} (or pip install bertopt)")
 
 
 def read_config(argv: list[str]) -> dict:

@@ -29,7 +29,7 @@ from bertopt.errors import UserError, require
 from bertopt.protocol import WIRE_VERSION
 from bertopt.serve.fleet import ModelSpec, check_name, check_unique
 from bertopt.serve.params import SERVE_FIELDS
-from bertopt.serve.processes import start_child
+from bertopt.serve.processes import check_children_import_this_bertopt, start_child
 
 log = logging.getLogger("bertopt.serve")
 MiB = 1 << 20
@@ -270,6 +270,7 @@ class Server:
         from bertopt.serve.ventilator import Ventilator
 
         cfg = self.cfg
+        check_children_import_this_bertopt()
         self.ctx = zmq.Context()
         try:
             curve = self._start_curve(zmq)

@@ -38,14 +38,6 @@ WITH_TRT = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionP
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-def _gpu_present() -> bool:
-    from bertopt.spark.placement import visible_gpu_count
-
-    return HAS_CUDA and visible_gpu_count() > 0
-
-
-needs_gpu = pytest.mark.skipif(not _gpu_present(), reason="no GPU visible to onnxruntime-gpu on this machine")
-
 
 # -- the extras ------------------------------------------------------------------------------------------------
 def test_base_package_depends_on_no_onnx_runtime_and_the_extras_pick_one():
@@ -372,8 +364,7 @@ def test_the_recorded_gpu_options_are_what_compile_writes():
 
 
 # -- on a GPU (skipped here) -----------------------------------------------------------------------------------
-@pytest.mark.gpu
-@needs_gpu
+@pytest.mark.gpu  # skipped where no GPU is visible (tests/conftest.py)
 def test_cuda_session_binds_outputs_and_matches_the_cpu(tiny_onnx):
     gpu = Predictor(tiny_onnx.path, provider="cuda")
     cpu = Predictor(tiny_onnx.path, provider="cpu")
@@ -385,7 +376,6 @@ def test_cuda_session_binds_outputs_and_matches_the_cpu(tiny_onnx):
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.skipif("TensorrtExecutionProvider" not in ort.get_available_providers()
                     or tensorrt_libraries_problem() is not None, reason="no TensorRT")
 def test_tensorrt_session_caches_its_engine_beside_the_artifact(tiny_onnx):
@@ -405,7 +395,6 @@ def test_validate_takes_the_device_id_and_refuses_a_negative_one(tiny_onnx, cli)
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.skipif(tensorrt_libraries_problem() is None, reason="TensorRT is installed here")
 def test_tensorrt_without_tensorrt_installed_is_one_line_naming_the_extra(tiny_onnx):
     # onnxruntime-gpu without TensorRT itself: one line before any session (no fallback to CUDA behind the back)
@@ -416,7 +405,6 @@ def test_tensorrt_without_tensorrt_installed_is_one_line_naming_the_extra(tiny_o
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_the_device_id_reaches_the_cuda_provider(tiny_onnx):
     predictor = Predictor(tiny_onnx.path, provider="cuda", device_id=0)
     assert predictor.session._session.get_provider_options()["CUDAExecutionProvider"]["device_id"] == "0"
@@ -424,7 +412,6 @@ def test_the_device_id_reaches_the_cuda_provider(tiny_onnx):
 
 
 @pytest.mark.gpu
-@needs_gpu
 def test_compile_for_cuda_records_the_provider_and_serves_on_it(tiny_onnx, cli, tmp_path):
     from bertopt.artifact import Artifact
 

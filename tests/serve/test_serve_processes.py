@@ -4,12 +4,17 @@ SIGTERM ends the server promptly even when replies are owed to a client that nev
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(300)]
 
@@ -75,3 +80,21 @@ def test_sigterm_does_not_wait_for_replies_owed_to_a_client_that_never_subscribe
     # full 10 s hold
     assert took < 8, f"SIGTERM took {took:.1f} s"
     assert "dropped a reply for client b'never-subscribes'" in server.log()
+
+
+def test_a_server_whose_workers_would_import_another_bertopt_refuses_in_one_line(tiny_onnx, tmp_path):
+    # a copy of the package run through PYTHONPATH: the server imports the copy, but `python -I` (how workers
+    # start) ignores PYTHONPATH and would import the installed one, other code than the server's
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "bertopt", src / "bertopt", ignore=shutil.ignore_patterns("__pycache__"))
+    from bertopt.harness import free_port
+
+    port, port_out = free_port(), free_port()
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "serve", str(tiny_onnx.path), "--port", str(port),
+                           "--port-out", str(port_out)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(src)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = " ".join(proc.stderr.split())
+    assert f"which finds bertopt at {REPO / 'bertopt'}, not {src / 'bertopt'}" in line, line
+    assert "pip install -e" in line and "Traceback" not in proc.stderr
