@@ -76,9 +76,11 @@ def cpu_line(machine: dict[str, Any]) -> str:
              if f in feats]
     missing = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f not in feats]
     cap = machine.get("isa_cap")
+    capped = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+              if f in (machine.get("flags") or []) and f not in feats]
     return (f"{machine.get('cpu_model', '?')}, {machine.get('usable_cores')} usable cores, "
             f"{', '.join(named) or 'no AVX2'}" + (f"; no {', '.join(missing)}" if missing else "")
-            + (f" (ONEDNN_MAX_CPU_ISA={cap}: the CPU has {', '.join(machine.get('flags') or [])})" if cap else ""))
+            + (f" (ONEDNN_MAX_CPU_ISA={cap}: the CPU's {', '.join(capped) or 'features'} unused)" if cap else ""))
 
 
 def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, Any]:

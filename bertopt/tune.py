@@ -66,7 +66,7 @@ def _duration_ok(value: str) -> str | None:
 
 
 CANDIDATE_NAMES = ("openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda",
-                   "openvino-int8-static", "openvino-int8-accurate")
+                   "openvino-int8-static", "openvino-int8-dynamic", "openvino-int8-accurate")
 
 TUNE_PARAMS = [
     Param("task", str, None, "What the model computes (default: detected from the folder), as for 'bertopt export "
@@ -172,6 +172,8 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
               "calibration_size": 192}
     if calibration_data:
         static["calibration_data"] = calibration_data
+    dynamic = {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul"], "keep_ffn_output": True,
+               "inference_precision": "f32"}
     accurate = {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul", "Gather"],
                 "weight_rounding": "gptq", "accuracy_target": INT8_ACCURACY_TARGET, "accuracy_group": 1}
     table = [
@@ -199,6 +201,12 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                    why="int8 dot product (VNNI / AMX)"),
          None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU: OpenVINO's int8 kernels there are "
                                "slower than its f32 ones"),
+        # int8 weights (per channel, rounded) and int8 activations quantised per token and group of 32 as each
+        # batch runs, FFN outputs and the rest f32: built in seconds; where bf16 is slower than f32 (AVX-512 BF16
+        # without AMX on an Intel core) it was the fastest faithful candidate (docs/performance.md)
+        (Candidate("openvino-int8-dynamic", [("quantize", dynamic)], "openvino", "int8-dynamic",
+                   why="int8 dot product (VNNI / AMX)"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
         (Candidate("openvino-int8-accurate", [("quantize", accurate)], "openvino", "int8-dynamic",
                    why="int8 dot product (VNNI / AMX)"),
          None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),

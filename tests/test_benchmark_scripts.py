@@ -318,7 +318,7 @@ def test_the_cpu_line_and_peaks_follow_a_onednn_isa_cap():
                "cpu_features": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"]}
     line = cpu_line(machine)
     assert "avx512_vnni, avx512_bf16; no amx_int8" in line
-    assert "(ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: the CPU has amx_bf16, amx_int8" in line
+    assert "(ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: the CPU's amx_bf16, amx_int8 unused)" in line
     peaks = peak_gflops(machine)
     assert peaks["bf16"] == 128 * 2.0 * 2 and peaks["int8"] == 256 * 2.0 * 2  # AVX-512 dot products, not AMX tiles
     uncapped = peak_gflops({**machine, "cpu_features": machine["flags"]})

@@ -38,7 +38,7 @@ def test_the_machine_decides_the_candidates():
     assert "can saturate" in built[2].why
     reasons = {o.name: o.reason for o in left}
     assert set(reasons) == {"openvino-bf16", "onnxruntime-fp16-cuda", "openvino-int8-static",
-                            "openvino-int8-accurate"}
+                            "openvino-int8-dynamic", "openvino-int8-accurate"}
     assert "no AVX-512 BF16 / AMX" in reasons["openvino-bf16"]
     assert "no int8 dot product" in reasons["openvino-int8-accurate"]
     assert "slower than its f32" in reasons["openvino-int8-static"]
@@ -46,8 +46,13 @@ def test_the_machine_decides_the_candidates():
     # AVX-512 VNNI + BF16 (this project's CI host) and a CUDA provider: everything
     built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, ["CUDAExecutionProvider"])
     assert [c.name for c in built] == ["openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8",
-                                       "onnxruntime-fp16-cuda", "openvino-int8-static", "openvino-int8-accurate"]
+                                       "onnxruntime-fp16-cuda", "openvino-int8-static", "openvino-int8-dynamic",
+                                       "openvino-int8-accurate"]
     assert not left
+    dynamic = next(c for c in built if c.name == "openvino-int8-dynamic")
+    # int8 weights and per-token int8 activations, the FFN outputs and the rest in f32 (docs/performance.md)
+    assert dynamic.steps == [("quantize", {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul"],
+                                           "keep_ffn_output": True, "inference_precision": "f32"})]
     static = next(c for c in built if c.name == "openvino-int8-static")
     assert static.steps == [("quantize", {"mode": "int8-static", "runtime": "openvino",
                                           "accuracy_target": "cos_min=0.997", "calibration_size": 192})]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import openvino  # noqa: E402,F401  (make test installs it: a broken install must fail, not skip)
@@ -16,6 +18,7 @@ from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize.openvino_int8 import QMAX, quantizable_weights
+from bertopt.tiny_models import FAMILY_FIXTURES
 
 pytestmark = pytest.mark.usefixtures("private_openvino_cache")
 
@@ -164,3 +167,27 @@ def test_compile_keeps_the_activation_quantisation(tiny_onnx, tmp_path):
     assert compiled.manifest["runtime_options"]["dynamic_quantization_group_size"] == 16
     assert compiled.precision == "int8-dynamic+fp32"
     assert Artifact.load(compiled.path).runtime == "openvino"
+
+
+@pytest.mark.parametrize("family", FAMILY_FIXTURES)
+def test_keep_ffn_output_keeps_each_familys_ffn_outputs_float(family, tmp_path):
+    # tune's openvino-int8-dynamic candidate: the FFN output projections (GELU-fed inputs) stay float, found by the
+    # family's own declaration; everything else with a weight is int8
+    from bertopt.families import family_by_name
+    from bertopt.tiny_models import build_tiny_family_model
+
+    exported = run_stage("export", build_tiny_family_model(tmp_path / "hf", family), {}, tmp_path / "onnx")
+    art = run_stage("quantize", exported, {**OV_INT8, "op_types": ["MatMul"], "keep_ffn_output": True,
+                                           "inference_precision": "f32"}, tmp_path / "ov")
+    before = onnx.load(str(exported.model_path))
+    matmuls = [name for name, _ in weight_matmuls(before)]
+    pattern = family_by_name(exported.model_info["family"]).ffn_output_matmul
+    ffn_out = [name for name in matmuls if re.search(pattern, name)]
+    report = art.manifest["lineage"]["report"]
+    assert ffn_out and sorted(report["kept_fp32_nodes"]) == sorted(ffn_out)
+    assert report["quantized_nodes"] == len(matmuls) - len(ffn_out)
+    assert [name for name, _ in weight_matmuls(onnx.load(str(art.model_path)))] == ffn_out  # still float weights
+    assert art.precision == "int8-dynamic+fp32"
+    # and off by default for int8-dynamic (on for int8-static): every weight MatMul int8
+    default = run_stage("quantize", exported, {**OV_INT8, "op_types": ["MatMul"]}, tmp_path / "ov-default")
+    assert default.manifest["lineage"]["report"]["kept_fp32_nodes"] == []

@@ -24,7 +24,6 @@ smoothing of its input stays, which is why it is not used: docs/quantization.md)
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 from bertopt.errors import UserError
 from bertopt.params import Param
 from bertopt.stages.quantize.methods import Method
-from bertopt.stages.quantize.openvino_int8 import INFERENCE_PRECISION
+from bertopt.stages.quantize.openvino_int8 import INFERENCE_PRECISION, KEEP_FFN_OUTPUT, ffn_output_names
 from bertopt.stages.quantize.smoothing import SMOOTH_ALPHA as SMOOTH_ALPHA_PARAM
 
 MODEL_FILE = "model.xml"
@@ -57,8 +56,7 @@ NNCF_PARAMS = (
     Param("nncf_preset", str, "mixed", "int8-static --runtime openvino: NNCF's preset: mixed (symmetric weights, "
           "asymmetric activations: more faithful after GELU / softmax) or performance (symmetric both).",
           choices=PRESETS),
-    Param("keep_ffn_output", bool, True, "int8-static --runtime openvino: keep the FFN output projections in "
-          "float from the start (their GELU-fed inputs are the ones a fixed int8 scale handles worst)."),
+    KEEP_FFN_OUTPUT,
     Param("max_float_extra", int, 48, "int8-static --runtime openvino: at most this many more MatMuls the ranked "
           "search may put back to float activations when the measured cosine misses the target (0: none; the "
           "stage then refuses rather than ship an unfaithful model).", min=0),
@@ -113,14 +111,6 @@ def cosine_target(config: dict[str, Any], art) -> float:
                         f"cosine of {art.primary_output} it measures alone and batched on held-back text); got "
                         f"'{config.get('accuracy_target')}'")
     return float(driven[0].value)
-
-
-def ffn_output_names(art, names: list[str]) -> list[str]:
-    """The FFN output projections among ``names`` (MatMul node names), as the artifact's family declares them."""
-    from bertopt.families import family_by_name
-
-    pattern = re.compile(family_by_name(art.model_info.get("family")).ffn_output_matmul)
-    return [n for n in names if pattern.search(n)]
 
 
 # data-movement ops between an activation quantiser and the MatMul it feeds (attention's Q / K / V heads)
@@ -373,7 +363,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     if missing:
         raise UserError(f"--exclude-nodes names {missing[0]!r}, which is not a MatMul of {art.path}; name MatMul "
                         "nodes of the ONNX graph (see 'bertopt inspect')")
-    ffn_out = ffn_output_names(art, matmuls) if config.get("keep_ffn_output", True) else []
+    # a fixed per-tensor scale meets the FFN outputs' GELU-fed inputs: float unless --no-keep-ffn-output
+    ffn_out = ffn_output_names(art, matmuls) if config.get("keep_ffn_output") is not False else []
     ignored = sorted(set(ffn_out) | set(config.get("exclude_nodes") or []))
     meter = HeldBackMeter(art, held, config, core)
     from bertopt.stages.quantize.calibration import sentence_feeds
