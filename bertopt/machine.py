@@ -13,8 +13,8 @@ _VECTOR_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
 
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, older name DNNL_MAX_CPU_ISA): OpenVINO's CPU plugin and PyTorch's oneDNN
 # kernels use no instruction set above it, so a capped run has the kernels of a CPU without the features above the
-# cap (AMX off on a Sapphire Rapids: the kernels of an AVX-512 VNNI + BF16 CPU such as Zen 5). Each cap: the
-# features it keeps. ONNX Runtime's own kernels (MLAS) ignore the cap.
+# cap (AMX off on a Sapphire Rapids: the kernels, not the cores, of an AVX-512 VNNI + BF16 CPU such as Zen 5).
+# Each cap: the features it keeps. ONNX Runtime's own kernels (MLAS) ignore the cap.
 _AVX2 = {"avx2"}
 _AVX512_VNNI = _AVX2 | {"avx_vnni", "avx512f", "avx512_vnni"}
 _ISA_CAPS: dict[str, set[str] | None] = {

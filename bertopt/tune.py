@@ -66,7 +66,7 @@ def _duration_ok(value: str) -> str | None:
 
 
 CANDIDATE_NAMES = ("openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda",
-                   "openvino-int8-static", "openvino-int8-dynamic", "openvino-int8-accurate")
+                   "openvino-int8-dynamic", "openvino-int8-static", "openvino-int8-accurate")
 
 TUNE_PARAMS = [
     Param("task", str, None, "What the model computes (default: detected from the folder), as for 'bertopt export "
@@ -195,18 +195,19 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                                              ("compile", {"runtime": "onnxruntime", "provider": "cuda"})],
                    "onnxruntime", "fp16", provider="cuda", why="ONNX Runtime has " + ", ".join(gpus)),
          None if "CUDAExecutionProvider" in gpus else "no CUDA provider in this ONNX Runtime (no usable GPU)"),
+        # int8 weights (per channel, rounded) and int8 activations quantised per token and group of 32 as each
+        # batch runs, FFN outputs and the rest f32: built in seconds (so before the static int8's minute, for a
+        # short budget); where bf16 is slower than f32 (AVX-512 BF16 without AMX on an Intel core) it was the
+        # fastest faithful candidate (docs/performance.md)
+        (Candidate("openvino-int8-dynamic", [("quantize", dynamic)], "openvino", "int8-dynamic",
+                   why="int8 dot product (VNNI / AMX)"),
+         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
         # without VNNI / AMX OpenVINO runs int8 MatMuls with oneDNN's jit_gemm kernels, not brgemm: on an AVX2-only
         # CPU MiniLM's static int8 ran at 0.77x its f32 (docs/performance.md), so there is no speed to win
         (Candidate("openvino-int8-static", [("quantize", static)], "openvino", "int8-static",
                    why="int8 dot product (VNNI / AMX)"),
          None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU: OpenVINO's int8 kernels there are "
                                "slower than its f32 ones"),
-        # int8 weights (per channel, rounded) and int8 activations quantised per token and group of 32 as each
-        # batch runs, FFN outputs and the rest f32: built in seconds; where bf16 is slower than f32 (AVX-512 BF16
-        # without AMX on an Intel core) it was the fastest faithful candidate (docs/performance.md)
-        (Candidate("openvino-int8-dynamic", [("quantize", dynamic)], "openvino", "int8-dynamic",
-                   why="int8 dot product (VNNI / AMX)"),
-         None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),
         (Candidate("openvino-int8-accurate", [("quantize", accurate)], "openvino", "int8-dynamic",
                    why="int8 dot product (VNNI / AMX)"),
          None if int8_dot else "no int8 dot product (VNNI / AMX) on this CPU"),

@@ -46,7 +46,7 @@ def test_the_machine_decides_the_candidates():
     # AVX-512 VNNI + BF16 (this project's CI host) and a CUDA provider: everything
     built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, ["CUDAExecutionProvider"])
     assert [c.name for c in built] == ["openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8",
-                                       "onnxruntime-fp16-cuda", "openvino-int8-static", "openvino-int8-dynamic",
+                                       "onnxruntime-fp16-cuda", "openvino-int8-dynamic", "openvino-int8-static",
                                        "openvino-int8-accurate"]
     assert not left
     dynamic = next(c for c in built if c.name == "openvino-int8-dynamic")

@@ -45,6 +45,7 @@ KEEP_FFN_OUTPUT = Param("keep_ffn_output", bool, None, "Keep the FFN output proj
 # the compile stage's parameter, same meaning: the float precision of the OpenVINO execution the manifest records
 INFERENCE_PRECISION = next(p for p in COMPILE_PARAMS if p.name == "inference_precision")
 
+
 def ffn_output_names(art, names: list[str]) -> list[str]:
     """The FFN output projections among ``names`` (MatMul node names), as the artifact's family declares them."""
     from bertopt.families import family_by_name
