@@ -74,6 +74,6 @@ def test_mpnet_int8_dynamic_is_faithful(cli, tmp_path):
     assert min(dynamic["cos_min_alone"], dynamic["cos_min_batched"]) >= 0.995 and dynamic["batch_dev"] <= 1e-3
     outputs = art.manifest["validation"]["batch_invariance"]["outputs"]
     assert set(outputs) == {"last_hidden_state", "sentence_embedding"}  # every output bounded, token states too
-    assert max(o["batch_dev"] for o in outputs.values()) <= 1e-3
+    assert max(outputs.values()) <= 1e-3  # each output's measured batch deviation
     report = art.manifest["lineage"]["report"]
     assert len(report["kept_fp32_nodes"]) == 12 and all("/output/dense/" in n for n in report["kept_fp32_nodes"])

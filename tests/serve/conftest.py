@@ -22,7 +22,17 @@ class ServerProcess:
                  http: bool = False, new_session: bool = False, cwd: Path | None = None,
                  command: list[str] | None = None, env: dict[str, str] | None = None):
         """``command``: how to start bertopt (default ``python -m bertopt.cli``); ``cwd``: the folder it starts
-        in (default the repository); ``env``: extra environment variables."""
+        in (default the repository); ``env``: extra environment variables. A port another process took between
+        ``free_port()`` and the server's bind (the other pytest-xdist worker, say) is tried again, on new ports."""
+        for attempt in range(3):
+            try:
+                self._start(artifact, tmp, args, num_worker, ready_timeout, http, new_session, cwd, command, env)
+                return
+            except RuntimeError as exc:
+                if "cannot bind" not in str(exc) or attempt == 2:
+                    raise
+
+    def _start(self, artifact, tmp, args, num_worker, ready_timeout, http, new_session, cwd, command, env):
         self.port, self.port_out = free_port(), free_port()
         while self.port_out == self.port:
             self.port_out = free_port()
