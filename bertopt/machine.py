@@ -47,9 +47,12 @@ def cpu_features(flags: set[str] | None = None, cap: str | None = None) -> set[s
 
 def _cpuinfo_flags() -> set[str]:
     cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text(errors="replace").splitlines():
+    return _flags_of(cpuinfo.read_text(errors="replace")) if cpuinfo.exists() else set()
+
+
+def _flags_of(cpuinfo_text: str) -> set[str]:
+    """The first CPU's ``flags`` line of /proc/cpuinfo's text."""
+    for line in cpuinfo_text.splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
@@ -89,12 +92,13 @@ def machine_info() -> dict[str, Any]:
                 info["cpu_model"] = line.split(":", 1)[1].strip()
             if line.startswith("cpu MHz") and "cpu_mhz" not in info:
                 info["cpu_mhz"] = float(line.split(":", 1)[1])
-        flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-        info["flags"] = sorted(f for f in set(flags) if f.startswith(("avx512", "amx", "avx_vnni")))
-        info["cpu_features"] = sorted(cpu_features(set(flags)))
-    if isa_cap():
+        flags = _flags_of(text)
+        info["flags"] = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
+        info["cpu_features"] = sorted(cpu_features(flags))
+    cap = isa_cap()
+    if cap:
         # the features above are the ones the kernels use under this cap; "flags" are the CPU's own
-        info["isa_cap"] = isa_cap()
+        info["isa_cap"] = cap
     meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         for line in meminfo.read_text().splitlines():

@@ -139,16 +139,11 @@ LONG_FILES = (
 )
 
 
-def gpu_present() -> bool:
-    """A GPU that onnxruntime-gpu can run on: its CUDA provider and a device visible to this process."""
-    from bertopt.spark.placement import visible_gpu_count
-
-    return visible_gpu_count() > 0
-
-
 def pytest_collection_modifyitems(config, items):
+    from bertopt.spark.placement import visible_gpu_count  # onnxruntime-gpu's CUDA provider and a visible device
+
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu_tests and not gpu_present():
+    if gpu_tests and visible_gpu_count() == 0:
         skip = pytest.mark.skip(reason="no GPU visible to onnxruntime-gpu on this machine")
         for item in gpu_tests:
             item.add_marker(skip)

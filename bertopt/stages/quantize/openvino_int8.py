@@ -187,10 +187,10 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     before = graph_stats(model)
     user_excluded = set(config["exclude_nodes"])
     op_types = list(config["op_types"])
+    weights = quantizable_weights(model, op_types)
     if config.get("keep_ffn_output"):
-        matmuls = [name for name, _, op in quantizable_weights(model, op_types) if op == "MatMul"]
-        user_excluded |= set(ffn_output_names(art, matmuls))
-    candidates = [(name, op) for name, _, op in quantizable_weights(model, op_types) if name not in user_excluded]
+        user_excluded |= set(ffn_output_names(art, [name for name, _, op in weights if op == "MatMul"]))
+    candidates = [(name, op) for name, _, op in weights if name not in user_excluded]
     if not candidates:
         raise UserError(f"{art.path} has no {'/'.join(op_types)} with a weight to quantise (or all are in "
                         "--exclude-nodes)")
