@@ -33,22 +33,32 @@ def _leftovers(folder: Path) -> list[str]:
 def test_the_machine_decides_the_candidates():
     # an AVX2-only CPU without a GPU: no bf16 (OpenVINO would run it as f32), no OpenVINO int8 (no int8 dot
     # product: its int8 kernels are slower than f32 there); ONNX Runtime's dynamic int8 is built and gated anyway
-    built, left = plan_candidates({"avx2"}, [])
-    assert [c.name for c in built] == ["openvino-f32", "onnxruntime-fp32", "onnxruntime-int8"]
-    assert "can saturate" in built[2].why
+    built, left = plan_candidates({"avx2"}, [], threads=2)
+    assert [c.name for c in built] == ["openvino-f32", "openvino-f32-throughput", "onnxruntime-fp32",
+                                       "onnxruntime-int8"]
+    assert "can saturate" in built[3].why
     reasons = {o.name: o.reason for o in left}
-    assert set(reasons) == {"openvino-bf16", "onnxruntime-fp16-cuda", "openvino-int8-static",
-                            "openvino-int8-dynamic", "openvino-int8-accurate"}
+    assert set(reasons) == {"openvino-bf16", "openvino-bf16-throughput", "onnxruntime-fp16-cuda",
+                            "openvino-int8-static", "openvino-int8-dynamic", "openvino-int8-accurate"}
     assert "no AVX-512 BF16 / AMX" in reasons["openvino-bf16"]
     assert "no int8 dot product" in reasons["openvino-int8-accurate"]
     assert "slower than its f32" in reasons["openvino-int8-static"]
     assert "no CUDA provider" in reasons["onnxruntime-fp16-cuda"]
     # AVX-512 VNNI + BF16 (this project's CI host) and a CUDA provider: everything
-    built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, ["CUDAExecutionProvider"])
-    assert [c.name for c in built] == ["openvino-f32", "openvino-bf16", "onnxruntime-fp32", "onnxruntime-int8",
-                                       "onnxruntime-fp16-cuda", "openvino-int8-dynamic", "openvino-int8-static",
-                                       "openvino-int8-accurate"]
-    assert not left
+    built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, ["CUDAExecutionProvider"],
+                                  threads=2)
+    assert [c.name for c in built] == ["openvino-f32", "openvino-bf16", "openvino-bf16-throughput",
+                                       "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda",
+                                       "openvino-int8-dynamic", "openvino-int8-static", "openvino-int8-accurate"]
+    assert [o.name for o in left] == ["openvino-f32-throughput"]  # the bf16 twin runs the streams here
+    # the throughput twin is its precision's compile with a stream per thread
+    twin = next(c for c in built if c.name == "openvino-bf16-throughput")
+    assert twin.steps == [("compile", {"runtime": "openvino", "performance_hint": "THROUGHPUT",
+                                       "inference_precision": "bf16", "min_cosine": 0.99})]
+    # one thread: one stream, no twin
+    built, left = plan_candidates({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, [], threads=1)
+    assert "openvino-bf16-throughput" not in [c.name for c in built]
+    assert "one thread" in {o.name: o.reason for o in left}["openvino-bf16-throughput"]
     dynamic = next(c for c in built if c.name == "openvino-int8-dynamic")
     # int8 weights and per-token int8 activations, the FFN outputs and the rest in f32 (docs/performance.md)
     assert dynamic.steps == [("quantize", {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul"],

@@ -30,6 +30,9 @@ class Session(Protocol):
     output_names: list[str]
     # whether one session may run calls from several threads at once (a worker's bulk and priority lanes)
     concurrent_runs: bool
+    # how many runs proceed side by side to use the session's threads (OpenVINO's streams): the Predictor keeps
+    # that many batches in flight
+    parallel_runs: int
 
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
@@ -305,6 +308,7 @@ class OrtSession:
 
     backend = "onnxruntime"
     concurrent_runs = True
+    parallel_runs = 1
 
     def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None,
                  device_id: int | None = None):

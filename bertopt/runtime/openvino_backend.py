@@ -138,8 +138,10 @@ def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:
 class OpenVinoSession:
     backend = "openvino"
     # one stream (LATENCY hint): runs from two threads wait for each other, so a caller that needs one run not to
-    # wait behind another (the server's priority lane) opens a session of its own
+    # wait behind another (the server's priority lane) opens a session of its own; with several streams
+    # (THROUGHPUT) runs from several threads proceed side by side, one stream each
     concurrent_runs = False
+    parallel_runs = 1
 
     def __init__(self, model: ModelHandle, provider: str = "auto", threads: int | None = None):
         ov = require("openvino", "openvino", "running artifacts with OpenVINO")
@@ -167,6 +169,8 @@ class OpenVinoSession:
         if "CACHE_DIR" in config:
             trim_cache(Path(config["CACHE_DIR"]), cache_limit_bytes())
         self.provider = "CPU"
+        self.parallel_runs = max(1, int(self._compiled.get_property("NUM_STREAMS")))
+        self.concurrent_runs = self.parallel_runs > 1
         precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
         self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]
@@ -175,7 +179,11 @@ class OpenVinoSession:
             for name in port.get_names():
                 self._outputs[name] = port
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
-        self._local = threading.local()  # an infer request is not thread-safe; one per calling thread
+        # an infer request is not thread-safe: each run takes an idle one (one per run in flight, whichever thread
+        # runs it: the Predictor's helper threads come and go)
+        self._idle: list[Any] = []
+        self._idle_lock = threading.Lock()
+        self._local = threading.local()  # this thread's last request (profiling_info)
 
     @staticmethod
     def _read(core, path: str):
@@ -184,20 +192,21 @@ class OpenVinoSession:
         except RuntimeError as exc:
             raise _cannot_open("read", path, exc) from None
 
-    def _request(self):
-        try:
-            return self._local.request
-        except AttributeError:  # this thread's first run
-            request = self._local.request = self._compiled.create_infer_request()
-            return request
-
     def run(self, output_names, feeds):
         unknown = [n for n in output_names if n not in self._outputs]
         if unknown:
             raise UserError(f"unknown output {unknown[0]!r}; the model has {', '.join(self.output_names)}")
-        request = self._request()
-        results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
-        return [np.array(results[self._outputs[n]], copy=True) for n in output_names]
+        with self._idle_lock:
+            request = self._idle.pop() if self._idle else None
+        if request is None:
+            request = self._compiled.create_infer_request()
+        try:
+            results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
+            return [np.array(results[self._outputs[n]], copy=True) for n in output_names]
+        finally:
+            self._local.last = request
+            with self._idle_lock:
+                self._idle.append(request)
 
     def profiling_info(self) -> list[Any]:
         """OpenVINO's per-node records (node name and type, exec type such as ``brgemm_avx512_i8``, real and CPU
@@ -205,7 +214,10 @@ class OpenVinoSession:
         if not self.options.get("profiling"):
             raise UserError("this OpenVINO session was compiled without profiling; set runtime_options "
                             "'profiling': true on the artifact it runs")
-        return list(self._request().profiling_info)
+        last = getattr(self._local, "last", None)
+        if last is None:
+            raise UserError("no run of this OpenVINO session on this thread yet; run a batch, then read its profile")
+        return list(last.profiling_info)
 
     def runtime_model(self):
         """The graph OpenVINO compiled (its nodes carry the layer type, precision and kernel chosen)."""

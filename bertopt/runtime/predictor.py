@@ -169,6 +169,49 @@ def join_token_windows(windows, rows: Sequence[np.ndarray], overlap: int) -> np.
     return np.concatenate(parts)
 
 
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    size = -(-len(items) // parts)
+    return [items[s: s + size] for s in range(0, len(items), size)]
+
+
+def side_by_side(fn, items: Sequence[Any], width: int) -> list[Any]:
+    """``fn`` of each item, in order, ``width`` at a time: the calling thread and ``width - 1`` helper threads
+    (started per call, so a caller's runs never queue behind another caller's, as the server's priority lane's
+    must not). The first error stops the rest and is raised here."""
+    if width < 2 or len(items) < 2:
+        return [fn(item) for item in items]
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+    indices = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work():
+        while not errors:
+            with lock:
+                i = next(indices, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # handed to the caller below (Ctrl-C in the calling thread too)
+                errors.append(exc)
+
+    helpers = [threading.Thread(target=work, name="bertopt-stream", daemon=True)
+               for _ in range(min(width, len(items)) - 1)]
+    for thread in helpers:
+        thread.start()
+    try:
+        work()
+        for thread in helpers:
+            thread.join()
+    except BaseException as exc:  # Ctrl-C while waiting: the helpers stop after the batch they are running
+        errors.append(exc)
+        raise
+    if errors:
+        raise errors[0]
+    return results
+
+
 class Predictor:
     def __init__(
         self,
@@ -409,23 +452,30 @@ class Predictor:
 
     def _run_rows(self, encodings, names, pad_to, batch_size, texts: int | None = None) -> dict[str, list]:
         """Each output's row per encoding (token-level ones trimmed to the real tokens), in input order;
-        ``texts``: how many texts the encodings are (fewer than them when texts were chunked into windows)."""
+        ``texts``: how many texts the encodings are (fewer than them when texts were chunked into windows).
+        Where the session runs several batches side by side (OpenVINO's THROUGHPUT streams), that many are in
+        flight, and a call of fewer batches is split so that every stream has one."""
         n = len(encodings)
         bs = batch_size or self.batch_size
+        plan = self.plan_batches(encodings, bs, bounded_padding=pad_to is None)
+        streams = self.session.parallel_runs
+        if streams > 1 and len(plan) < streams:
+            plan = [part for idx in plan for part in _split(idx, streams)]
+
+        def run_one(idx):
+            feeds, lengths = self.feeds_for([encodings[i] for i in idx], pad_to=pad_to)
+            return idx, lengths, self.run_batch(feeds, names)
+
         pieces: dict[str, list] = {name: [None] * n for name in names}
         tokens = 0
-        batches = 0
-        for idx in self.plan_batches(encodings, bs, bounded_padding=pad_to is None):
-            feeds, lengths = self.feeds_for([encodings[i] for i in idx], pad_to=pad_to)
-            out = self.run_batch(feeds, names)
-            batches += 1
+        for idx, lengths, out in side_by_side(run_one, plan, streams):
             tokens += int(lengths.sum())
             for name in names:
                 arr = out[name]
                 for j, i in enumerate(idx):
                     pieces[name][i] = arr[j, : lengths[j]] if self.is_token_level(name) else arr[j]
         with self._lock:
-            self.stats["batches"] += batches
+            self.stats["batches"] += len(plan)
             self.stats["texts"] += n if texts is None else texts
             self.stats["tokens"] += tokens
         return pieces

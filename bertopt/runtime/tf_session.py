@@ -78,6 +78,7 @@ class TFSession:
 
     backend = "tensorflow"
     concurrent_runs = True
+    parallel_runs = 1
 
     def __init__(self, call: Callable[[dict], dict], input_specs: list[dict], output_names: list[str],
                  threads: int | None = None, provider: str = "cpu"):

@@ -18,6 +18,7 @@ class TorchSession:
 
     backend = "pytorch"
     concurrent_runs = True
+    parallel_runs = 1
 
     def __init__(self, module, input_names: list[str], output_names: list[str], threads: int | None = None,
                  bf16: bool = False):

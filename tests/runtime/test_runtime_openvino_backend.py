@@ -215,3 +215,48 @@ def test_fused_int8_attention_is_turned_off_only_where_it_is_wrong(ov_f32):
     assert "SNIPPETS_MODE" not in compile_config(options, 2, static_int8=False)
     # a float model holds no FakeQuantize: its fused bf16 attention stays (2.2e-5 alone vs batched on AMX)
     assert not holds_fake_quantize(openvino.Core().read_model(str(ov_f32.model_path)))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores: one OpenVINO stream per thread")
+def test_throughput_streams_run_batches_side_by_side_with_the_same_outputs(tiny_onnx, ov_f32, texts, tmp_path):
+    """performance_hint THROUGHPUT (tune's *-throughput candidates): a stream per thread, the Predictor keeps a
+    batch in flight on each and splits a call of one batch between them; the outputs are those of the one-stream
+    artifact, in the caller's order."""
+    streams = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                               "performance_hint": "THROUGHPUT"}, tmp_path / "streams")
+    assert streams.manifest["runtime_options"]["performance_hint"] == "THROUGHPUT"
+    one, two = Predictor(ov_f32.path, threads=2, batch_size=8), Predictor(streams.path, threads=2, batch_size=8)
+    assert (one.session.parallel_runs, one.session.concurrent_runs) == (1, False)
+    assert (two.session.parallel_runs, two.session.concurrent_runs) == (2, True)
+    mixed = texts[::-1]  # not in length order: results must come back in the caller's order
+    np.testing.assert_allclose(two.encode(mixed), one.encode(mixed), atol=1e-6)
+    before = one.stats["batches"], two.stats["batches"]
+    five = ["a short one", "a somewhat longer text than that", "three words here", "four", "and the fifth text"]
+    tokens_one = one.run(five, batch_size=8, pad_to=32)["last_hidden_state"]  # padded: no length buckets
+    tokens_two = two.run(five, batch_size=8, pad_to=32)["last_hidden_state"]
+    assert [t.shape for t in tokens_two] == [t.shape for t in tokens_one]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(tokens_one, tokens_two)) <= 1e-5
+    # one batch of five texts: in two parts, one per stream
+    assert (one.stats["batches"] - before[0], two.stats["batches"] - before[1]) == (1, 2)
+
+
+def test_side_by_side_keeps_order_and_raises_the_first_error():
+    from bertopt.runtime.predictor import side_by_side
+
+    seen = []
+
+    def double(x):
+        seen.append(threading.current_thread().name)
+        return 2 * x
+
+    assert side_by_side(double, list(range(20)), 2) == [2 * x for x in range(20)]
+    assert "bertopt-stream" in seen  # a helper ran some of them
+
+    def fails_on_seven(x):
+        if x == 7:
+            raise UserError("text 7 is bad")
+        return x
+
+    with pytest.raises(UserError, match="text 7 is bad"):
+        side_by_side(fails_on_seven, list(range(20)), 2)
+    assert side_by_side(double, [3], 2) == [6]  # one item: run here, no helper
