@@ -153,6 +153,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))  # stable: the rest as collected
 
 
+_RUN_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    # OpenVINO's compiled blobs (and TensorRT's engines) in a folder of this test process, handed down to the
+    # servers, Spark workers and CLIs it starts: the suite compiles hundreds of models, which kept the user's
+    # ~/.cache/bertopt at its 2 GiB bound, every process trimming it while others loaded from it
+    if "BERTOPT_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        _RUN_CACHE.append(tempfile.mkdtemp(prefix="bertopt-test-cache-"))
+        os.environ["BERTOPT_CACHE_DIR"] = _RUN_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for folder in _RUN_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)  # a temp folder: what a straggling child still holds goes with /tmp
+
+
 def pytest_addoption(parser):
     parser.addoption("--default-recipe", default=None,
                      help="Recipe the default_artifact fixture builds instead of bertopt's default (e.g. "

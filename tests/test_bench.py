@@ -66,6 +66,7 @@ def test_bench_workloads_have_the_requested_shapes(tiny_onnx):
             self.inner = session
             self.backend, self.provider = session.backend, session.provider
             self.input_names, self.output_names = session.input_names, session.output_names
+            self.concurrent_runs, self.parallel_runs = session.concurrent_runs, session.parallel_runs
 
         def run(self, names, feeds):
             seen.append(feeds["input_ids"].shape)

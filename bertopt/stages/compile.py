@@ -30,8 +30,9 @@ PARAMS = [
     Param("inference_precision", str, "bf16", "OpenVINO: precision of floating-point compute (bf16 uses "
           "AVX-512 BF16/AMX; f32 is exact; auto is OpenVINO's default for this CPU).",
           choices=("auto", "bf16", "f32")),
-    Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread, for synchronous "
-          "batches) or THROUGHPUT (several streams).", choices=("LATENCY", "THROUGHPUT")),
+    Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread: the fastest single "
+          "text) or THROUGHPUT (a stream per thread, the Predictor running a batch on each side by side: more "
+          "texts/s, a single text slower).", choices=("LATENCY", "THROUGHPUT")),
     PROVIDER.with_(default="cpu", choices=("cpu", "cuda", "tensorrt"),
                    help="ONNX Runtime: the execution provider the artifact is served with, recorded in the manifest "
                    "(cuda, tensorrt: onnxruntime-gpu and a GPU here, where the check runs; docs/gpu.md)."),
