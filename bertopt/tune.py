@@ -181,27 +181,27 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                "inference_precision": "f32"}
     accurate = {"mode": "int8-dynamic", "runtime": "openvino", "op_types": ["MatMul", "Gather"],
                 "weight_rounding": "gptq", "accuracy_target": INT8_ACCURACY_TARGET, "accuracy_group": 1}
+    ov_f32 = {**ov, "inference_precision": "f32"}
+    ov_bf16 = {**ov, "inference_precision": "bf16", "min_cosine": 0.99}
+    streams = {"performance_hint": "THROUGHPUT"}
+    one_thread = "one thread: one stream, nothing runs side by side" if threads < 2 else None
     table = [
-        (Candidate("openvino-f32", [("compile", {**ov, "inference_precision": "f32"})], "openvino", "f32",
+        (Candidate("openvino-f32", [("compile", ov_f32)], "openvino", "f32",
                    why="every CPU"), None),
         # the gate decides fidelity; compile's own drift check would refuse at 0.999 what the gate accepts
-        (Candidate("openvino-bf16", [("compile", {**ov, "inference_precision": "bf16", "min_cosine": 0.99})],
+        (Candidate("openvino-bf16", [("compile", ov_bf16)],
                    "openvino", "bf16", why="bf16 is native (AVX-512 BF16 / AMX)"),
          None if bf16 else "bf16 is not native on this CPU (no AVX-512 BF16 / AMX): OpenVINO would run it as f32"),
         # the same model as the one above it, compiled with a stream per thread: the Predictor keeps a batch in
         # flight on each (a call of one batch is split between them), measured 1.08x / 1.27x texts/s on padded /
         # mixed-length batches (AMX Xeon, 2 threads) with the same outputs, for a single text ~1.4x slower
         # (one thread each); only the bf16 twin where bf16 is native, else the f32 one
-        (Candidate("openvino-f32-throughput", [("compile", {**ov, "inference_precision": "f32",
-                                                            "performance_hint": "THROUGHPUT"})],
-                   "openvino", "f32", why=f"{threads} threads: a batch in flight per stream"),
-         "one thread: one stream, nothing runs side by side" if threads < 2 else
-         "bf16 is native here: its bf16 twin is built instead" if bf16 else None),
-        (Candidate("openvino-bf16-throughput", [("compile", {**ov, "inference_precision": "bf16", "min_cosine": 0.99,
-                                                             "performance_hint": "THROUGHPUT"})],
-                   "openvino", "bf16", why=f"{threads} threads: a batch in flight per stream"),
-         "bf16 is not native on this CPU (no AVX-512 BF16 / AMX)" if not bf16 else
-         "one thread: one stream, nothing runs side by side" if threads < 2 else None),
+        (Candidate("openvino-f32-throughput", [("compile", {**ov_f32, **streams})], "openvino", "f32",
+                   why=f"{threads} threads: a batch in flight per stream"),
+         one_thread or ("bf16 is native here: its bf16 twin is built instead" if bf16 else None)),
+        (Candidate("openvino-bf16-throughput", [("compile", {**ov_bf16, **streams})], "openvino", "bf16",
+                   why=f"{threads} threads: a batch in flight per stream"),
+         "bf16 is not native on this CPU (no AVX-512 BF16 / AMX)" if not bf16 else one_thread),
         (Candidate("onnxruntime-fp32", [("optimize", {})], "onnxruntime", "fp32", why="every CPU"), None),
         # built on every CPU: its int8 kernels are the fastest ONNX Runtime has with or without VNNI, and whether
         # it is faithful (it saturates without VNNI; its activation scale is the whole batch's) is the gate's call
