@@ -146,6 +146,26 @@ def test_ranked_search_puts_matmuls_back_to_float_until_the_target_holds(tiny_on
     assert len(list((tmp_path / "cache").rglob("*.blob"))) <= 2
 
 
+def test_a_prefix_refused_on_the_ranking_texts_is_the_decision_the_full_measurement_makes(tiny_onnx, tmp_path,
+                                                                                         monkeypatch):
+    # a prefix of the ranking that misses the target on the texts the ranking measured misses it on the whole
+    # held-back set (its minimum can only be lower), so the search refuses it without measuring every text alone,
+    # batched and on every output: the same ranking, steps and restored MatMuls as with every step measured fully
+    from bertopt.stages.quantize import nncf_int8
+
+    config = {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False, "max_float_extra": 16}
+    quick = run_stage("quantize", tiny_onnx, config, tmp_path / "quick").manifest["lineage"]["report"]["search"]
+    monkeypatch.setattr(nncf_int8.HeldBackMeter, "quick_bounds_full", property(lambda self: False))
+    full = run_stage("quantize", tiny_onnx, config, tmp_path / "full").manifest["lineage"]["report"]["search"]
+    refused = [s for s in quick["steps"] if "measured_on" in s]
+    assert refused and not [s for s in full["steps"] if "measured_on" in s]
+    assert quick["ranking"] == full["ranking"] and quick["restored"] == full["restored"]
+    assert [s["float"] for s in quick["steps"]] == [s["float"] for s in full["steps"]]
+    by_count = {s["float"]: s for s in full["steps"]}
+    for step in refused:  # what the ranking texts measured bounds what every text measures
+        assert 0.999 > step["cos_min"] >= by_count[step["float"]]["cos_min"]
+
+
 def test_ir_artifact_runs_only_on_openvino_and_is_verified(tiny_static, tmp_path):
     with pytest.raises(UserError, match="ONNX Runtime runs ONNX models, not openvino-ir .*use --runtime openvino"):
         Predictor(tiny_static, runtime="onnxruntime")
