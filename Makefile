@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 # two pytest-xdist workers, whole files each (module fixtures build once), the long files first (tests/conftest.py):
 # the serial suite keeps 2 cores only ~60% busy, waiting on processes, sockets and the JVM. TEST_WORKERS=0: serial.
+# Each worker's bertopt runs with its share of the cores (BERTOPT_THREADS, set in tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

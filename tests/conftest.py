@@ -165,6 +165,13 @@ def pytest_configure(config):
 
         _RUN_CACHE.append(tempfile.mkdtemp(prefix="bertopt-test-cache-"))
         os.environ["BERTOPT_CACHE_DIR"] = _RUN_CACHE[0]
+    # each xdist worker gets its share of the cores as bertopt's default thread count (BERTOPT_THREADS, inherited
+    # by the servers, Spark workers and CLIs it starts): two workers each running 2-thread sessions on 2 cores
+    # wait on each other's threads (two concurrent MiniLM tunes: 94 s at 2 threads each, 75 s at 1). Tests that
+    # need more threads say so (--threads / threads=)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1 and "BERTOPT_THREADS" not in os.environ:
+        os.environ["BERTOPT_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 def pytest_unconfigure(config):

@@ -77,8 +77,20 @@ def open_session(model: ModelHandle, backend: str | None = None, provider: str =
     return factory(model, provider=provider, threads=threads, **extra)
 
 
+THREADS_ENV = "BERTOPT_THREADS"
+
+
 def default_threads() -> int:
-    """Physical cores we may use: the affinity mask (respects taskset / container limits)."""
+    """The threads a runtime uses when not told (``--threads``): ``$BERTOPT_THREADS`` where set (several bertopt
+    processes sharing one machine, each given its part: two servers on one host, the test suite's workers), else
+    the cores this process may use (its affinity mask: taskset / container limits)."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        count = int(raw) if raw.isdigit() else 0
+        if count < 1:
+            raise UserError(f"{THREADS_ENV}={raw!r} is not a thread count; set a whole number of 1 or more (the "
+                            "threads each bertopt process uses by default), or unset it to use every core")
+        return count
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:

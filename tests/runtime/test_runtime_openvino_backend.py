@@ -260,3 +260,21 @@ def test_side_by_side_keeps_order_and_raises_the_first_error():
     with pytest.raises(UserError, match="text 7 is bad"):
         side_by_side(fails_on_seven, list(range(20)), 2)
     assert side_by_side(double, [3], 2) == [6]  # one item: run here, no helper
+
+
+def test_bertopt_threads_is_the_default_thread_count_and_threads_still_win(ov_f32, monkeypatch):
+    # several bertopt processes on one machine (the test suite's workers, two servers on a host) each take their
+    # part of the cores without passing --threads to every command
+    monkeypatch.setenv("BERTOPT_THREADS", "1")
+    session = Predictor(ov_f32.path).session
+    assert session.threads == 1 and int(session._compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert Predictor(ov_f32.path, threads=2).session.threads == 2
+
+
+@pytest.mark.parametrize("value", ["two", "0", "-1", "1.5"])
+def test_a_bad_bertopt_threads_is_one_line_exit_2(ov_f32, cli, monkeypatch, value):
+    monkeypatch.setenv("BERTOPT_THREADS", value)
+    code, stdout, err = cli("bench", ov_f32.path, "--rounds", "1")
+    assert code == 2, err + stdout
+    assert f"BERTOPT_THREADS={value!r} is not a thread count; set a whole number of 1 or more" in " ".join(err.split())
+    assert "Traceback" not in err
