@@ -79,10 +79,20 @@ class SentenceTransformerRunner:
         return self.encode(texts, self.seq_len)
 
 
+# oneDNN ISA caps that leave no native bf16 (an older CPU's kernels, emulated on a newer one)
+_NO_BF16_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def ov_threads_config(threads: int) -> dict:
     """A user's call passes no config; only where the benchmark gives a contender fewer threads than the machine
-    has is the number set (the same number every contender gets)."""
-    return {} if threads >= (os.cpu_count() or 1) else {"INFERENCE_NUM_THREADS": threads}
+    has is the number set (the same number every contender gets). Under an ISA cap below AVX-512 BF16, OpenVINO
+    still reads the CPU's own bf16 flag, defaults to bf16 and finds no bf16 kernel ("Supported primitive
+    descriptors list is empty for node ... Softmax"); the CPU the cap emulates defaults to f32, so that is set."""
+    config = {} if threads >= (os.cpu_count() or 1) else {"INFERENCE_NUM_THREADS": threads}
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if cap in _NO_BF16_CAPS:
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    return config
 
 
 class OpenVinoRunner(SentenceTransformerRunner):
@@ -119,7 +129,8 @@ def build_static_int8(model: str, folder: Path, calibration: list[str]) -> None:
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(model, tmp, ignore=shutil.ignore_patterns("onnx", "openvino"))
-    st = SentenceTransformer(str(tmp), device="cpu", backend="openvino")
+    st = SentenceTransformer(str(tmp), device="cpu", backend="openvino",
+                             model_kwargs={"ov_config": ov_threads_config(os.cpu_count() or 1)})
     quantization_config = OVQuantizationConfig()
     ov_config = OVConfig(quantization_config=quantization_config)
     quantization_config = ov_config.quantization_config

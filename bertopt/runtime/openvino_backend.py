@@ -135,6 +135,23 @@ def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:
                      "pruned artifact, not the ONNX Runtime-optimised one)")
 
 
+_BRIDGE_LOCK = threading.Lock()
+_BRIDGE_READY: list[bool] = []
+
+
+def numpy_bridge_ready(ov) -> None:
+    """Touch OpenVINO's numpy bridge once, on one thread, before any run. Its binding sets up pybind11's numpy
+    API on first use inside a C++ function-static guard and runs Python there (letting go of the GIL); a second
+    thread touching a tensor meanwhile takes the GIL and waits on the guard: a deadlock, every thread in futex
+    wait. It struck the first call of a THROUGHPUT artifact (two batches side by side) in a fresh process: 12 of
+    12 runs hung with a short GIL switch interval, none once touched here
+    (tests/runtime/test_runtime_openvino_backend.py)."""
+    with _BRIDGE_LOCK:
+        if not _BRIDGE_READY:
+            ov.Tensor(np.zeros((1,), np.float32)).data  # noqa: B018 (the conversion is the point)
+            _BRIDGE_READY.append(True)
+
+
 class OpenVinoSession:
     backend = "openvino"
     # one stream (LATENCY hint): runs from two threads wait for each other, so a caller that needs one run not to
@@ -156,6 +173,7 @@ class OpenVinoSession:
             raise UserError("the OpenVINO runtime opens model files, and this model is only in memory; save it "
                             "to a file first, or use --runtime onnxruntime")
         self.options = dict(model.runtime_options)
+        numpy_bridge_ready(ov)
         core = ov.Core()
         path = str(model.model_path)  # an IR's model.xml: OpenVINO reads the model.bin beside it (model_files)
         # the model is read to look for FakeQuantize only where that changes the compile (AMX)

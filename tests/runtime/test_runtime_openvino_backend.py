@@ -278,3 +278,30 @@ def test_a_bad_bertopt_threads_is_one_line_exit_2(ov_f32, cli, monkeypatch, valu
     assert code == 2, err + stdout
     assert f"BERTOPT_THREADS={value!r} is not a thread count; set a whole number of 1 or more" in " ".join(err.split())
     assert "Traceback" not in err
+
+
+FIRST_CALL_SIDE_BY_SIDE = """
+import sys
+sys.setswitchinterval(1e-6)  # the GIL changes hands as often as it can: the race, every time
+from bertopt.runtime import Predictor
+p = Predictor(sys.argv[1], threads=2, batch_size=8)
+assert p.session.parallel_runs == 2
+p.run(["a first text", "a second one", "three", "and a fourth text here"] * 2, pad_to=32)  # split in two
+print("answered")
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores: one OpenVINO stream per thread")
+def test_the_first_call_of_a_fresh_process_runs_its_streams_without_deadlock(tiny_onnx, tmp_path):
+    # OpenVINO's numpy bridge, first touched by two threads at once, deadlocked (a THROUGHPUT artifact's first
+    # call hung its process: every thread in futex wait); the session touches it once before any run. Without
+    # that, this test hung in its first process (a timeout, not a pass)
+    import subprocess
+    import sys
+
+    streams = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                               "performance_hint": "THROUGHPUT"}, tmp_path / "streams")
+    for _ in range(3):  # a fresh process each time: the bridge is set up once per process
+        done = subprocess.run([sys.executable, "-c", FIRST_CALL_SIDE_BY_SIDE, str(streams.path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "answered", done.stderr[-2000:]
