@@ -79,7 +79,8 @@ class SentenceTransformerRunner:
         return self.encode(texts, self.seq_len)
 
 
-# oneDNN ISA caps that leave no native bf16 (an older CPU's kernels, emulated on a newer one)
+# oneDNN ISA caps that leave no native bf16 (an older CPU's kernels, emulated on a newer one); written out here,
+# not read from bertopt.machine, since this worker also runs in the peer venv, which has no bertopt
 _NO_BF16_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
