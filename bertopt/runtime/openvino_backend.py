@@ -7,7 +7,8 @@ An artifact is served with OpenVINO when its manifest says ``"runtime": "openvin
 keeps full precision; QDQ int8 models run their quantised MatMuls with VNNI/AMX int8) and the performance
 hint. Compiled blobs are cached under ``$BERTOPT_CACHE_DIR/openvino`` (default ``~/.cache/bertopt``) so a
 second load skips compilation; the cache is bounded (``$BERTOPT_OPENVINO_CACHE_MB``, default 2048; 0 turns it
-off): after each compile the oldest blobs go until the rest fit.
+off): after each compile the oldest blobs go until the rest fit. Processes sharing the cache (a server's
+workers, Spark executors, two tunes) compile a model one at a time: ``compile_with_cache``.
 
 OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
 artifacts are made from the exported or pruned ONNX, before ``optimize``.
@@ -15,6 +16,7 @@ artifacts are made from the exported or pruned ONNX, before ``optimize``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -73,6 +75,43 @@ def trim_cache(folder: Path, limit: int) -> list[Path]:
             except FileNotFoundError:
                 total -= size
     return removed
+
+
+CACHE_LOCK_SHARDS = 64  # lock files in the cache: unrelated models share one 1 time in 64 (they then compile in turn)
+CACHE_LOCK_WAIT_S = 900.0  # longer than any compile measured (MPNet static int8: ~20 s): the holder is hung
+
+
+def cache_lock_path(folder: Path, model_path: str) -> Path:
+    """The lock file guarding ``model_path``'s blob in the cache ``folder``. OpenVINO 2026.4 names a blob after
+    the model's absolute path and compile options (not NUM_STREAMS, nor the file's content), so one lock per
+    resolved path covers every blob of that model."""
+    key = int(hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest(), 16) % CACHE_LOCK_SHARDS
+    return folder / "locks" / f"{key:02d}.lock"
+
+
+def compile_with_cache(core, path: str, config: dict[str, Any]):
+    """``core.compile_model`` for the CPU, one process (or thread) at a time per model where ``config`` names a
+    cache folder. OpenVINO writes a blob in place and the next process to find it reads it (memory-mapped) as it
+    is: three processes opening one model with an empty shared cache failed 3 times in 75 (2 with an empty
+    "core.cpp:132" error, 1 killed by SIGBUS), the way a server's workers or Spark's executors start; held to one
+    compile at a time, the later ones load the finished blob."""
+    folder = config.get("CACHE_DIR")
+    if not folder:
+        return core.compile_model(path, "CPU", config)
+    from filelock import FileLock, Timeout
+
+    lock_file = cache_lock_path(Path(folder), path)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))  # a new lock (and file descriptor) per call: threads exclude each other too
+    try:
+        lock.acquire(timeout=CACHE_LOCK_WAIT_S)
+    except Timeout:
+        # whoever holds it is stuck: compile without the cache rather than wait for ever or race its blob
+        return core.compile_model(path, "CPU", {k: v for k, v in config.items() if k != "CACHE_DIR"})
+    try:
+        return core.compile_model(path, "CPU", config)
+    finally:
+        lock.release()
 
 
 def holds_fake_quantize(model) -> bool:
@@ -181,7 +220,7 @@ class OpenVinoSession:
         config = compile_config(self.options, self.threads, static_int8)
         try:
             # compiling from the path (not a read model) lets OpenVINO use its blob cache
-            self._compiled = core.compile_model(path, "CPU", config)
+            self._compiled = compile_with_cache(core, path, config)
         except RuntimeError as exc:
             raise _cannot_open("load", path, exc) from None
         if "CACHE_DIR" in config:
