@@ -256,19 +256,27 @@ def trt_profile_shapes(model: ModelHandle, max_batch: int) -> dict[str, str]:
             "trt_profile_max_shapes": shape(max_batch, seq)}
 
 
-def prepare_engine_cache(folder: Path) -> Path:
-    """The engine folder, created private (0700). An engine is loaded without a hash, so a folder that someone
-    else owns, or that others may write to, is refused: they could put an engine of their own there."""
+def private_cache_folder(folder: Path, what: str, unverified: str, elsewhere: str) -> Path:
+    """A cache folder of files loaded without a hash (TensorRT engines, OpenVINO blobs), created private (0700).
+    One that someone else owns, or that others may write to, is refused: they could put a file of their own
+    there, and it would run in place of the validated model. ``what`` names the cache, ``unverified`` says what
+    runs unverified, ``elsewhere`` how to use another folder."""
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        raise UserError(f"TensorRT engine cache {folder} cannot be created ({exc.strerror}); record another with "
-                        "bertopt compile --trt-engine-cache cache (or a writable folder, or off)") from None
+        raise UserError(f"{what} {folder} cannot be created ({exc.strerror}); {elsewhere}") from None
     st = folder.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise UserError(f"TensorRT engine cache {folder} is owned by another user or writable by others, and an "
-                        f"engine runs unverified; chmod go-w {folder} (as its owner) or use another folder")
+        raise UserError(f"{what} {folder} is owned by another user or writable by others, and {unverified}; "
+                        f"chmod go-w {folder} (as its owner) or use another folder")
     return folder
+
+
+def prepare_engine_cache(folder: Path) -> Path:
+    """The TensorRT engine folder (``private_cache_folder``)."""
+    return private_cache_folder(folder, "TensorRT engine cache", "an engine runs unverified",
+                                "record another with bertopt compile --trt-engine-cache cache (or a writable "
+                                "folder, or off)")
 
 
 def bind_arguments(ort, feeds: dict[str, np.ndarray], output_names: Sequence[str], device: str,

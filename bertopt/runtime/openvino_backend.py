@@ -7,7 +7,8 @@ An artifact is served with OpenVINO when its manifest says ``"runtime": "openvin
 keeps full precision; QDQ int8 models run their quantised MatMuls with VNNI/AMX int8) and the performance
 hint. Compiled blobs are cached under ``$BERTOPT_CACHE_DIR/openvino`` (default ``~/.cache/bertopt``) so a
 second load skips compilation; the cache is bounded (``$BERTOPT_OPENVINO_CACHE_MB``, default 2048; 0 turns it
-off): after each compile the oldest blobs go until the rest fit. Processes sharing the cache (a server's
+off): after each compile the oldest blobs go until the rest fit. A blob loads without a hash, so the folder
+must be the user's own and not writable by others (``private_cache_folder``). Processes sharing the cache (a server's
 workers, Spark executors, two tunes) compile a model one at a time: ``compile_with_cache``.
 
 OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
@@ -26,7 +27,7 @@ import numpy as np
 
 from bertopt.errors import UserError, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
-from bertopt.runtime.backends import default_threads, register_backend
+from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
 
 PRECISIONS = ("auto", "bf16", "f32")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
@@ -162,8 +163,8 @@ def compile_config(options: dict[str, Any], threads: int, static_int8: bool = Fa
         # per-node timings for request.profiling_info (benchmarks/profile_openvino.py); costs a little per node
         config["PERF_COUNT"] = True
     if options.get("cache", True) and cache_limit_bytes() > 0:
-        folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_cache_folder(cache_dir(), "OpenVINO's compiled-model cache", "a blob loads unverified",
+                                      "set BERTOPT_CACHE_DIR to a folder of your own, or BERTOPT_OPENVINO_CACHE_MB=0")
         config["CACHE_DIR"] = str(folder)
     return config
 

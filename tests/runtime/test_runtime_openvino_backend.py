@@ -170,7 +170,7 @@ def test_the_blob_cache_is_bounded_oldest_first(ov_f32, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "2")
     folder = tmp_path / "openvino"
-    folder.mkdir()
+    folder.mkdir(mode=0o700)
     old = folder / "0000.blob"
     old.write_bytes(b"\0" * (3 << 20))  # an older model's blob: over the bound on its own
     os.utime(old, (1_000_000_000, 1_000_000_000))
@@ -186,6 +186,23 @@ def test_a_zero_bound_turns_the_blob_cache_off(ov_f32, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "0")
     Predictor(ov_f32.path).encode(["a sentence"])
     assert not list(tmp_path.rglob("*.blob"))
+
+
+def test_a_blob_cache_others_may_write_is_refused_in_one_line(ov_f32, tmp_path, monkeypatch, cli):
+    # a blob loads without a hash: whoever can write the folder could have another model served in place of the
+    # validated one. bertopt creates it private; a shared one is refused, naming the folder and the fixes
+    monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path))
+    Predictor(ov_f32.path)
+    assert ((tmp_path / "openvino").stat().st_mode & 0o777) == 0o700  # created private
+    (tmp_path / "openvino").chmod(0o777)
+    code, out, err = cli("bench", ov_f32.path, "--texts", "4", "--mixed-texts", "4", "--rounds", "1")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: OpenVINO's compiled-model cache {tmp_path / 'openvino'} is owned by another user or writable by "
+        f"others, and a blob loads unverified; chmod go-w {tmp_path / 'openvino'} (as its owner) or use another "
+        "folder")
+    monkeypatch.setenv("BERTOPT_OPENVINO_CACHE_MB", "0")  # no cache: nothing is loaded from it
+    Predictor(ov_f32.path).encode(["a sentence"])
 
 
 def test_a_bad_cache_bound_is_one_line_naming_the_variable(ov_f32, monkeypatch):
