@@ -169,10 +169,26 @@ def compile_config(options: dict[str, Any], threads: int, static_int8: bool = Fa
     return config
 
 
+def _holds_onnxruntime_ops(path: str) -> bool:
+    """Whether an ONNX file has ONNX Runtime's contrib ops (``optimize``'s fusions), which OpenVINO cannot read."""
+    if not path.endswith(".onnx"):
+        return False
+    import onnx
+
+    try:
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # not ONNX at all: the caller's line names the file and OpenVINO's own reason
+        return False
+    return any(node.domain == "com.microsoft" for node in graph.node)
+
+
 def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return UserError(f"OpenVINO cannot {verb} {path}: {first}; OpenVINO reads plain ONNX (compile the exported or "
-                     "pruned artifact, not the ONNX Runtime-optimised one)")
+    if _holds_onnxruntime_ops(path):
+        fix = "OpenVINO reads plain ONNX (compile the exported or pruned artifact, not the ONNX Runtime-optimised one)"
+    else:
+        fix = "re-create the artifact with the stage that wrote it, or run it with --runtime onnxruntime"
+    return UserError(f"OpenVINO cannot {verb} {path}: {first}; {fix}")
 
 
 _BRIDGE_LOCK = threading.Lock()

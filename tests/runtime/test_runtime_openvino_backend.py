@@ -106,6 +106,21 @@ def test_compile_drift_refusal_names_the_fix_that_applies(tiny_onnx, ov_bf16, tm
     assert not list(tmp_path.iterdir())
 
 
+def test_a_model_openvino_cannot_open_is_one_line_with_a_fix_that_applies(ov_f32, tmp_path):
+    # the advice for ONNX Runtime's fused graphs (use the unfused artifact) is kept for graphs that have its
+    # contrib ops; it came with every failure before, a cache race's included
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ov_f32.path, broken)
+    (broken / ov_f32.manifest["model_file"]).write_bytes(b"not an ONNX model\n" * 8)
+    with pytest.raises(UserError) as damaged:
+        Predictor(Artifact(broken, ov_f32.manifest), verify=False)
+    assert str(damaged.value).startswith("OpenVINO cannot ")
+    assert str(damaged.value).endswith("re-create the artifact with the stage that wrote it, or run it with "
+                                       "--runtime onnxruntime") and "\n" not in str(damaged.value)
+
+
 def test_compile_cli_writes_artifact(tiny_onnx, tmp_path, cli):
     out = tmp_path / "ov-cli"
     code, stdout, _ = cli("compile", tiny_onnx.path, "--out", out, "--inference-precision", "f32")
