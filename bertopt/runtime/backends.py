@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -272,6 +273,29 @@ def private_cache_folder(folder: Path, what: str, unverified: str, elsewhere: st
     return folder
 
 
+CACHE_LOCK_WAIT_S = 900.0  # longer than any compile or engine build measured: a holder this long is hung
+
+
+@contextmanager
+def one_at_a_time(lock_file: Path, wait_s: float = CACHE_LOCK_WAIT_S):
+    """Hold ``lock_file`` (processes and threads take it in turn): yields True, or False when it was not got
+    within ``wait_s`` seconds. Around writing a cache entry that other processes read as they find it (an
+    OpenVINO blob, a TensorRT engine), so none reads one half-written."""
+    from filelock import FileLock, Timeout
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))  # a new lock (and file descriptor) per call: threads exclude each other too
+    try:
+        lock.acquire(timeout=wait_s)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
 def prepare_engine_cache(folder: Path) -> Path:
     """The TensorRT engine folder (``private_cache_folder``)."""
     return private_cache_folder(folder, "TensorRT engine cache", "an engine runs unverified",
@@ -358,7 +382,11 @@ class OrtSession:
         _load_gpu_libraries(ort, wanted)
         try:
             source = model.model_bytes or str(model.model_path)
-            self._session = ort.InferenceSession(source, sess_options=options, providers=providers)
+            # TensorRT builds its engine as the session opens and writes it to the cache, where another worker
+            # would read it half-written: one build at a time per engine folder (as OpenVINO's blobs; not run
+            # on a GPU here)
+            with one_at_a_time(cache / "build.lock") if cache else nullcontext():
+                self._session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unloadable models
             raise UserError(f"ONNX Runtime cannot load {model.model_path or 'the model'}: "
                             f"{str(exc).splitlines()[0]}; re-create the artifact") from None

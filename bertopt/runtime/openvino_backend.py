@@ -27,7 +27,13 @@ import numpy as np
 
 from bertopt.errors import UserError, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
-from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
+from bertopt.runtime.backends import (
+    CACHE_LOCK_WAIT_S,
+    default_threads,
+    one_at_a_time,
+    private_cache_folder,
+    register_backend,
+)
 
 PRECISIONS = ("auto", "bf16", "f32")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
@@ -79,7 +85,6 @@ def trim_cache(folder: Path, limit: int) -> list[Path]:
 
 
 CACHE_LOCK_SHARDS = 64  # lock files in the cache: unrelated models share one 1 time in 64 (they then compile in turn)
-CACHE_LOCK_WAIT_S = 900.0  # longer than any compile measured (MPNet static int8: ~20 s): the holder is hung
 
 
 def cache_lock_path(folder: Path, model_path: str) -> Path:
@@ -90,7 +95,7 @@ def cache_lock_path(folder: Path, model_path: str) -> Path:
     return folder / "locks" / f"{key:02d}.lock"
 
 
-def compile_with_cache(core, path: str, config: dict[str, Any]):
+def compile_with_cache(core, path: str, config: dict[str, Any], wait_s: float = CACHE_LOCK_WAIT_S):
     """``core.compile_model`` for the CPU, one process (or thread) at a time per model where ``config`` names a
     cache folder. OpenVINO writes a blob in place and the next process to find it reads it (memory-mapped) as it
     is: three processes opening one model with an empty shared cache failed 3 times in 75 (2 with an empty
@@ -99,20 +104,10 @@ def compile_with_cache(core, path: str, config: dict[str, Any]):
     folder = config.get("CACHE_DIR")
     if not folder:
         return core.compile_model(path, "CPU", config)
-    from filelock import FileLock, Timeout
-
-    lock_file = cache_lock_path(Path(folder), path)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))  # a new lock (and file descriptor) per call: threads exclude each other too
-    try:
-        lock.acquire(timeout=CACHE_LOCK_WAIT_S)
-    except Timeout:
-        # whoever holds it is stuck: compile without the cache rather than wait for ever or race its blob
-        return core.compile_model(path, "CPU", {k: v for k, v in config.items() if k != "CACHE_DIR"})
-    try:
+    with one_at_a_time(cache_lock_path(Path(folder), path), wait_s) as held:
+        if not held:  # whoever holds it is stuck: compile without the cache rather than race its blob
+            config = {k: v for k, v in config.items() if k != "CACHE_DIR"}
         return core.compile_model(path, "CPU", config)
-    finally:
-        lock.release()
 
 
 def holds_fake_quantize(model) -> bool:

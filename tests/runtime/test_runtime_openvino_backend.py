@@ -203,6 +203,23 @@ def test_a_zero_bound_turns_the_blob_cache_off(ov_f32, tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.blob"))
 
 
+def test_a_cache_lock_held_too_long_is_bypassed_by_compiling_without_the_cache(ov_f32, tmp_path):
+    # a process stuck holding a model's lock must not stop every other from opening it: after the wait, the model
+    # is compiled without the cache (nothing read from it, nothing written to it)
+    import openvino as ov
+    from filelock import FileLock
+
+    from bertopt.runtime.openvino_backend import cache_lock_path, compile_with_cache
+
+    folder = tmp_path / "openvino"
+    model = str(ov_f32.model_path)
+    with FileLock(str(cache_lock_path(folder, model))):
+        compiled = compile_with_cache(ov.Core(), model, {"CACHE_DIR": str(folder)}, wait_s=0.5)
+    assert compiled.inputs and not list(folder.glob("*.blob"))
+    compile_with_cache(ov.Core(), model, {"CACHE_DIR": str(folder)}, wait_s=0.5)  # free: compiled into the cache
+    assert len(list(folder.glob("*.blob"))) == 1
+
+
 def test_a_blob_cache_others_may_write_is_refused_in_one_line(ov_f32, tmp_path, monkeypatch, cli):
     # a blob loads without a hash: whoever can write the folder could have another model served in place of the
     # validated one. bertopt creates it private; a shared one is refused, naming the folder and the fixes
