@@ -8,8 +8,8 @@ keeps full precision; QDQ int8 models run their quantised MatMuls with VNNI/AMX 
 hint. Compiled blobs are cached under ``$BERTOPT_CACHE_DIR/openvino`` (default ``~/.cache/bertopt``) so a
 second load skips compilation; the cache is bounded (``$BERTOPT_OPENVINO_CACHE_MB``, default 2048; 0 turns it
 off): after each compile the oldest blobs go until the rest fit. A blob loads without a hash, so the folder
-must be the user's own and not writable by others (``private_cache_folder``). Processes sharing the cache (a server's
-workers, Spark executors, two tunes) compile a model one at a time: ``compile_with_cache``.
+must be the user's own and not writable by others (``private_cache_folder``). Processes sharing the cache (a
+server's workers, Spark's executors, two tunes) compile a model one at a time (``compile_with_cache``).
 
 OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
 artifacts are made from the exported or pruned ONNX, before ``optimize``.
