@@ -17,6 +17,9 @@
   ``with`` block can bound its life. A stage's scratch lives inside its output's temp folder instead
   (``ArtifactWriter.scratch``), so the sweep above removes it after a SIGKILL too.
 * ``write_json`` writes a JSON file (a manifest, a report, a result) to a temp file and renames it into place.
+* ``cache_root`` is where bertopt keeps what it may rebuild (built-in models, OpenVINO blobs, TensorRT engines);
+  ``one_at_a_time`` holds a lock file (blocking, with a bound) around writing a cache entry that other processes
+  read as they find it.
 
 Ground layer: imports nothing of bertopt but ``errors``.
 """
@@ -204,6 +207,41 @@ def _acquire(lock: Path, shown, flag: str, fcntl) -> int:
             return fd
         os.close(fd)  # the previous holder removed the file between our open and flock: take the new one
     raise UserError(f"could not lock {lock} (it keeps being replaced); check what else writes {shown}")
+
+
+CACHE_LOCK_WAIT_S = 900.0  # longer than any compile or engine build measured: a holder this long is hung
+
+
+def cache_root() -> Path:
+    """``$BERTOPT_CACHE_DIR``, default ``~/.cache/bertopt``."""
+    return Path(os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt"))
+
+
+@contextmanager
+def one_at_a_time(lock_file: Path, wait_s: float = CACHE_LOCK_WAIT_S) -> Iterator[bool]:
+    """Hold ``lock_file`` (an exclusive ``flock``: processes and threads take it in turn; the file stays): yields
+    True, or False when it was not got within ``wait_s`` seconds. Around writing a cache entry that other
+    processes read as they find it (an OpenVINO blob, a TensorRT engine), so none reads one half-written."""
+    import fcntl
+    import time
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)  # a descriptor per call: threads exclude each other
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    held = False
+                    break
+                time.sleep(0.05)
+        yield held
+    finally:
+        os.close(fd)  # closing the descriptor lets go of the lock
 
 
 def _lock_owner(lock: Path) -> str:

@@ -120,6 +120,14 @@ def op_counts(model) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
+ORT_CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's fused operators (optimize's), which OpenVINO cannot read
+
+
+def ort_contrib_ops(model) -> list[str]:
+    """The ONNX Runtime contrib operator types in ``model``'s graph, sorted (none in a plain ONNX export)."""
+    return sorted({n.op_type for n in model.graph.node if n.domain == ORT_CONTRIB_DOMAIN})
+
+
 def graph_stats(model) -> dict[str, Any]:
     return {"nodes": len(model.graph.node), "initializers": len(model.graph.initializer),
             "ops": op_counts(model)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -19,6 +19,7 @@ import numpy as np
 
 from bertopt.errors import UserError, require_onnxruntime
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
+from bertopt.output_paths import cache_root, one_at_a_time
 from bertopt.params import GPU_PARAMS, PROVIDERS, resolve_config
 from bertopt.plugins import Registry, import_all
 
@@ -215,7 +216,7 @@ class GpuOptions:
         if self.trt_engine_cache == "beside":
             base = model.path.parent / f"{model.path.name}.trt-cache"
         elif self.trt_engine_cache == "cache":
-            base = Path(os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")) / "tensorrt"
+            base = cache_root() / "tensorrt"
         else:
             base = Path(self.trt_engine_cache)
         return base / model.digest.replace(":", "-")[:32]
@@ -271,29 +272,6 @@ def private_cache_folder(folder: Path, what: str, unverified: str, elsewhere: st
         raise UserError(f"{what} {folder} is owned by another user or writable by others, and {unverified}; "
                         f"chmod go-w {folder} (as its owner) or use another folder")
     return folder
-
-
-CACHE_LOCK_WAIT_S = 900.0  # longer than any compile or engine build measured: a holder this long is hung
-
-
-@contextmanager
-def one_at_a_time(lock_file: Path, wait_s: float = CACHE_LOCK_WAIT_S):
-    """Hold ``lock_file`` (processes and threads take it in turn): yields True, or False when it was not got
-    within ``wait_s`` seconds. Around writing a cache entry that other processes read as they find it (an
-    OpenVINO blob, a TensorRT engine), so none reads one half-written."""
-    from filelock import FileLock, Timeout
-
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_file))  # a new lock (and file descriptor) per call: threads exclude each other too
-    try:
-        lock.acquire(timeout=wait_s)
-    except Timeout:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()
 
 
 def prepare_engine_cache(folder: Path) -> Path:

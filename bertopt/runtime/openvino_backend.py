@@ -27,13 +27,8 @@ import numpy as np
 
 from bertopt.errors import UserError, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
-from bertopt.runtime.backends import (
-    CACHE_LOCK_WAIT_S,
-    default_threads,
-    one_at_a_time,
-    private_cache_folder,
-    register_backend,
-)
+from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
+from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
 
 PRECISIONS = ("auto", "bf16", "f32")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
@@ -43,8 +38,7 @@ CACHE_MB_DEFAULT = 2048  # a few models' blobs (MiniLM ~90 MB, MPNet ~270-440 MB
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt")
-    return Path(root) / "openvino"
+    return cache_root() / "openvino"
 
 
 def cache_limit_bytes() -> int:
@@ -170,11 +164,13 @@ def _holds_onnxruntime_ops(path: str) -> bool:
         return False
     import onnx
 
+    from bertopt.onnx_graph.util import ort_contrib_ops
+
     try:
-        graph = onnx.load(path, load_external_data=False).graph
+        model = onnx.load(path, load_external_data=False)
     except Exception:  # not ONNX at all: the caller's line names the file and OpenVINO's own reason
         return False
-    return any(node.domain == "com.microsoft" for node in graph.node)
+    return bool(ort_contrib_ops(model))
 
 
 def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:

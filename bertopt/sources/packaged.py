@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
 import tempfile
 import zipfile
@@ -19,10 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertopt.errors import UserError
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("BERTOPT_CACHE_DIR") or (Path.home() / ".cache" / "bertopt"))
+from bertopt.output_paths import cache_root
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,6 @@ PARAMS = [
           "input artifact's falls below this on the built-in corpus.", min=0.0, max=1.0),
 ]
 
-# ONNX Runtime's fused operators (domain com.microsoft) that OpenVINO's ONNX frontend cannot read.
-_ORT_DOMAIN = "com.microsoft"
 
 
 def gpu_runtime_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +120,9 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
 def refuse_ort_contrib_ops(art, model, fix: str) -> None:
     """A UserError naming ``fix`` when ``model`` holds ONNX Runtime fused operators, which OpenVINO's ONNX
     frontend cannot read."""
-    fused = sorted({n.op_type for n in model.graph.node if n.domain == _ORT_DOMAIN})
+    from bertopt.onnx_graph.util import ort_contrib_ops
+
+    fused = ort_contrib_ops(model)
     if fused:
         raise UserError(f"{art.path} contains ONNX Runtime contrib ops ({', '.join(fused)}) that OpenVINO cannot "
                         f"read; {fix}")

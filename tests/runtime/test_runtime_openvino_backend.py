@@ -207,13 +207,13 @@ def test_a_cache_lock_held_too_long_is_bypassed_by_compiling_without_the_cache(o
     # a process stuck holding a model's lock must not stop every other from opening it: after the wait, the model
     # is compiled without the cache (nothing read from it, nothing written to it)
     import openvino as ov
-    from filelock import FileLock
 
+    from bertopt.output_paths import one_at_a_time
     from bertopt.runtime.openvino_backend import cache_lock_path, compile_with_cache
 
     folder = tmp_path / "openvino"
     model = str(ov_f32.model_path)
-    with FileLock(str(cache_lock_path(folder, model))):
+    with one_at_a_time(cache_lock_path(folder, model), wait_s=0):
         compiled = compile_with_cache(ov.Core(), model, {"CACHE_DIR": str(folder)}, wait_s=0.5)
     assert compiled.inputs and not list(folder.glob("*.blob"))
     compile_with_cache(ov.Core(), model, {"CACHE_DIR": str(folder)}, wait_s=0.5)  # free: compiled into the cache
@@ -248,8 +248,7 @@ def test_a_model_is_compiled_into_the_shared_cache_by_one_process_at_a_time(ov_f
     # processes sharing the blob cache (a server's workers, Spark's executors) read a blob OpenVINO was still
     # writing: three processes opening one model with an empty cache failed 3 times in 75 (an empty "core.cpp:132"
     # error, or killed by SIGBUS). The one holding the model's lock compiles; another waits, then loads the blob
-    from filelock import FileLock
-
+    from bertopt.output_paths import one_at_a_time
     from bertopt.runtime.openvino_backend import cache_dir, cache_lock_path
 
     monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path))
@@ -261,8 +260,8 @@ def test_a_model_is_compiled_into_the_shared_cache_by_one_process_at_a_time(ov_f
         except Exception as exc:  # surfaced below; a thread's exception is otherwise lost
             errors.append(exc)
 
-    held = FileLock(str(cache_lock_path(cache_dir(), str(ov_f32.model_path))))
-    with held:  # another process compiling this model
+    with one_at_a_time(cache_lock_path(cache_dir(), str(ov_f32.model_path)), wait_s=0) as held:
+        assert held  # as another process compiling this model holds it
         opener = threading.Thread(target=open_model)
         opener.start()
         opener.join(timeout=5)  # the tiny model compiles in well under a second when nothing holds it
