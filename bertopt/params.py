@@ -236,6 +236,12 @@ THREADS = Param("threads", int, None, "CPU threads per model session (default: e
                 min=1)
 BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "
                    "first).", min=1)
+# an OpenVINO artifact's runtime option, written by the stages that make one (compile, quantize --runtime openvino)
+STATIC_FULL_BATCH = Param("static_full_batch", str, "auto", "OpenVINO: also compile the model for the one shape of a "
+                          "full batch (batch size x the window: long documents, padded input) and run such batches "
+                          "on it; its kernels were 1.05-1.16x faster on MiniLM, no faster on MPNet, for a second "
+                          "executable's memory. auto: measured by the stage, on at 1.03x or more.",
+                          choices=("auto", "on", "off"))
 MAX_SEQ_LEN = Param("max_seq_len", int, None, "Truncate texts to this many tokens (default: the artifact's).",
                     min=1)
 # ONNX Runtime's GPU execution providers (docs/gpu.md). The artifact's manifest records them (``bertopt compile

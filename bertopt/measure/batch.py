@@ -1,10 +1,12 @@
 """Batch invariance: does a text's output depend on what it is batched with?
 
 Every text of a probe set (spread over the data's length distribution) is run alone, unpadded, as the
-baseline; then again (a) alone but padded to the probe set's longest text (batch size 1, other padding) and
+baseline; then again (a) alone but padded to the probe set's longest text (batch size 1, other padding),
 (b) inside mixed-length batches of 7 and 32 whose neighbours are drawn at random from the probe set (other
-neighbours, other padding, other batch shapes). The deviation of a row is 1 - cosine to its baseline (per real
-token for token-level outputs); the largest over every composition is ``batch_dev``.
+neighbours, other padding, other batch shapes) and (c) in one full batch, the Predictor's batch size padded to its
+window: the shape an OpenVINO artifact may run on a copy of its model compiled for it (``static_full_batch``), so
+that copy's outputs are measured too. The deviation of a row is 1 - cosine to its baseline (per real token for
+token-level outputs); the largest over every composition is ``batch_dev``.
 
 ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so its outputs move with their
 neighbours (1e-2 and more on AVX2 CPUs, whose u8s8 kernels saturate; 1e-4 to 1e-3 on a tiny model with
@@ -46,7 +48,8 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     """Largest deviation (1 - cosine) of each output between a text alone and the same text in other batches.
 
     Returns ``{"batch_dev": worst over outputs, "outputs": {name: {"batch_dev", "by_batch_size": {...}}},
-    "texts": probes used, "batch_sizes": [...]}``."""
+    "texts": probes used, "batch_sizes": [...], "full_batch": [batch size, window]}`` (the full batch's deviation
+    is ``by_batch_size`` entry ``"<batch size>x<window>"``)."""
     names = list(outputs or predictor.output_names)
     encodings = predictor.tokenize(texts, pairs)
     idx = probe_indices([len(e.ids) for e in encodings], probes)
@@ -70,6 +73,13 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
 
     rng = np.random.default_rng(seed)
     worst: dict[str, dict[str, float]] = {name: {} for name in names}
+
+    def measure(key: str, rows: list[int], pad: int | None) -> None:
+        got = run(rows, pad)
+        for name in names:
+            dev = max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(rows))
+            worst[name][key] = max(worst[name].get(key, 0.0), dev)
+
     for size in batch_sizes:
         size = int(size)
         if size == 1:
@@ -81,12 +91,11 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
                 perm = (perm * (size // n + 1))[:size]
             compositions = [(perm[s:s + size], None) for s in range(0, len(perm), size)]
         for rows, pad in compositions:
-            got = run(rows, pad)
-            for name in names:
-                dev = max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(rows))
-                key = str(size)
-                worst[name][key] = max(worst[name].get(key, 0.0), dev)
+            measure(str(size), rows, pad)
+    full = (int(predictor.batch_size), int(predictor.max_seq_len))
+    measure(f"{full[0]}x{full[1]}", (rng.permutation(n).tolist() * (full[0] // n + 1))[:full[0]], full[1])
     per_output = {name: {"batch_dev": max(w.values(), default=0.0), "by_batch_size": w}
                   for name, w in worst.items()}
     return {"batch_dev": max((p["batch_dev"] for p in per_output.values()), default=0.0),
-            "outputs": per_output, "texts": n, "batch_sizes": [int(b) for b in batch_sizes]}
+            "outputs": per_output, "texts": n, "batch_sizes": [int(b) for b in batch_sizes],
+            "full_batch": list(full)}

@@ -38,6 +38,8 @@ class Session(Protocol):
 
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
+    # optional (OpenVINO): ``expect_full_batches(batch, tokens)``, told by each Predictor opened on the session
+
 
 def _load_optional_backends() -> None:
     # Backends living in their own modules register on import; importing is cheap (heavy imports are lazy).

@@ -13,6 +13,13 @@ server's workers, Spark's executors, two tunes) compile a model one at a time (`
 
 OpenVINO cannot read ONNX Runtime's contrib ops (Attention, SkipLayerNormalization, ...); OpenVINO
 artifacts are made from the exported or pruned ONNX, before ``optimize``.
+
+With ``static_full_batch`` in its ``runtime_options`` a session also runs a full batch (a Predictor's batch size x
+its window, every text at the window: long documents, padded input) on a copy of the model compiled for exactly
+that shape (``FixedShapes``): OpenVINO's kernels for a known shape ran MiniLM's full batches 1.05x (f32) to 1.16x
+(static int8) faster, MPNet's not at all, at the cost of a second executable's memory (about 0.3 GB for MiniLM at
+256 tokens, 1.4 GB for MPNet at 384), so the stage that writes the artifact decides by measuring it
+(:func:`static_full_batch_choice`; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ import numpy as np
 from bertopt.errors import UserError, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
+from bertopt.params import STATIC_FULL_BATCH
 from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
 
 PRECISIONS = ("auto", "bf16", "f32")
@@ -199,6 +208,126 @@ def numpy_bridge_ready(ov) -> None:
             _BRIDGE_READY.append(True)
 
 
+class Executable:
+    """One compiled model and its idle infer requests (an infer request is not thread-safe: each run takes an idle
+    one, one per run in flight, whichever thread runs it: the Predictor's helper threads come and go)."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self.outputs: dict[str, Any] = {}
+        for port in compiled.outputs:
+            for name in port.get_names():
+                self.outputs[name] = port
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    def run(self, output_names, feeds, local) -> list[np.ndarray]:
+        with self._lock:
+            request = self._idle.pop() if self._idle else None
+        if request is None:
+            request = self.compiled.create_infer_request()
+        try:
+            results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
+            return [np.array(results[self.outputs[n]], copy=True) for n in output_names]
+        finally:
+            local.last = request
+            with self._lock:
+                self._idle.append(request)
+
+
+class FixedShapes:
+    """The full-batch shapes a session runs on copies of its model compiled for that one shape. A Predictor
+    names its own (batch size, window) when it opens on the session (:meth:`OpenVinoSession.expect_full_batches`);
+    the copy is compiled the first time a batch of that shape runs (a fraction of a second for MiniLM), and every
+    batch of that shape runs on it from then on, so a shape's outputs never depend on what ran before."""
+
+    def __init__(self, core, path: str, config: dict[str, Any]):
+        self._core, self.path = core, path
+        # no blob cache: OpenVINO names a blob after the model file, and these models are reshaped in memory
+        self._config = {k: v for k, v in config.items() if k != "CACHE_DIR"}
+        self.shapes: set[tuple[int, int]] = set()
+        self.compiled: dict[tuple[int, int], Executable] = {}
+        self._lock = threading.Lock()
+
+    def executable(self, shape: tuple[int, int]) -> Executable:
+        with self._lock:  # one compile per shape, however many threads bring a full batch at once
+            found = self.compiled.get(shape)
+            if found is None:
+                found = self.compiled[shape] = Executable(compile_for_shape(self._core, self.path, self._config,
+                                                                            shape))
+            return found
+
+
+def compile_for_shape(core, path: str, config: dict[str, Any], shape: tuple[int, int]):
+    """The model at ``path`` compiled for inputs of exactly ``shape`` (batch, tokens)."""
+    import openvino as ov
+
+    model = core.read_model(path)
+    model.reshape({port.get_any_name(): ov.PartialShape(list(shape)) for port in model.inputs})
+    return core.compile_model(model, "CPU", config)
+
+
+# ``auto`` turns it on at this measured gain or more: below it the second executable's memory buys too little
+STATIC_FULL_BATCH_MIN_GAIN = 1.03
+# ``auto`` does not measure a model whose full batch takes longer than this: such a batch is compute-bound, where
+# the fixed shape's gain is gone (MPNet: 0.99-1.02x at 32 x 128-384 tokens, MiniLM f32: 1.05x), and timing it would
+# cost the stage many seconds
+STATIC_FULL_BATCH_MAX_BATCH_S = 0.5
+
+
+def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threads: int | None = None,
+                             rounds: int = 3) -> dict[str, Any]:
+    """Whether the artifact's full batches (``batch`` texts x its window) should run on a copy of the model compiled
+    for that shape. ``on`` / ``off``: as asked. ``auto``: measured here, one batch per stream side by side through
+    each executable, rounds interleaved, medians: on when the fixed shape is at least
+    ``STATIC_FULL_BATCH_MIN_GAIN`` times as fast. Returns the decision (``on``) with what it rests on."""
+    import dataclasses
+
+    from bertopt.data import corpus
+    from bertopt.runtime.predictor import Predictor, sequence_length, side_by_side
+
+    if setting not in STATIC_FULL_BATCH.choices:
+        raise UserError(f"static_full_batch must be one of {', '.join(STATIC_FULL_BATCH.choices)}, not {setting!r}")
+    tokens = sequence_length(model.model_info)
+    found: dict[str, Any] = {"setting": setting, "batch": int(batch), "tokens": tokens}
+    if setting != "auto":
+        return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
+    options = {**model.runtime_options, "static_full_batch": True, "cache": False}
+    session = OpenVinoSession(dataclasses.replace(model, runtime_options=options), threads=threads)
+    predictor = Predictor(model, session=session, batch_size=batch, max_seq_len=tokens)
+    texts = (corpus() * (batch // len(corpus()) + 1))[:batch]
+    feeds, _ = predictor.feeds_for(predictor.tokenize(texts), pad_to=tokens)
+    names = session.output_names[:1]
+
+    def rate(executable) -> float:
+        start = time.perf_counter()
+        side_by_side(lambda _: executable.run(names, feeds, session._local), range(session.parallel_runs),
+                     session.parallel_runs)
+        return session.parallel_runs * batch / (time.perf_counter() - start)
+
+    dynamic = session._dynamic
+    first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only a far slower one stops here
+    if batch / first <= 4 * STATIC_FULL_BATCH_MAX_BATCH_S:
+        first = rate(dynamic)
+    seconds = batch / first
+    if seconds > STATIC_FULL_BATCH_MAX_BATCH_S:
+        return {**found, "on": False, "dynamic_texts_per_s": round(first, 1),
+                "why": f"a full batch takes {seconds:.2f} s (> {STATIC_FULL_BATCH_MAX_BATCH_S:g} s): compute-bound, "
+                       "where a fixed shape gains nothing to pay for its memory; not measured"}
+    fixed = session.fixed_shapes.executable((int(batch), tokens))
+    rate(fixed)
+    timed: dict[str, list[float]] = {"dynamic": [], "fixed": []}
+    for _ in range(rounds):
+        timed["dynamic"].append(rate(dynamic))
+        timed["fixed"].append(rate(fixed))
+    dyn, fix = float(np.median(timed["dynamic"])), float(np.median(timed["fixed"]))
+    on = fix >= STATIC_FULL_BATCH_MIN_GAIN * dyn
+    return {**found, "on": on, "dynamic_texts_per_s": round(dyn, 1), "static_texts_per_s": round(fix, 1),
+            "ratio": round(fix / dyn, 3), "rounds": rounds,
+            "why": f"measured {fix / dyn:.2f}x ({fix:.1f} vs {dyn:.1f} texts/s) on full batches of {batch} x {tokens} "
+                   f"tokens; {'on' if on else 'off'} at {STATIC_FULL_BATCH_MIN_GAIN:g}x or more"}
+
+
 class OpenVinoSession:
     backend = "openvino"
     # one stream (LATENCY hint): runs from two threads wait for each other, so a caller that needs one run not to
@@ -239,15 +368,10 @@ class OpenVinoSession:
         precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
         self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]
-        self._outputs = {}
-        for port in self._compiled.outputs:
-            for name in port.get_names():
-                self._outputs[name] = port
+        self._dynamic = Executable(self._compiled)
+        self._outputs = self._dynamic.outputs
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
-        # an infer request is not thread-safe: each run takes an idle one (one per run in flight, whichever thread
-        # runs it: the Predictor's helper threads come and go)
-        self._idle: list[Any] = []
-        self._idle_lock = threading.Lock()
+        self.fixed_shapes = FixedShapes(core, path, config) if self.options.get("static_full_batch") else None
         self._local = threading.local()  # this thread's last request (profiling_info)
 
     @staticmethod
@@ -257,21 +381,27 @@ class OpenVinoSession:
         except RuntimeError as exc:
             raise _cannot_open("read", path, exc) from None
 
+    def expect_full_batches(self, batch: int, tokens: int) -> None:
+        """A Predictor on this session runs batches of at most ``batch`` texts of at most ``tokens`` tokens: where
+        the artifact asks for it (``static_full_batch``), a batch of exactly that shape runs on a copy of the model
+        compiled for it."""
+        if self.fixed_shapes is not None:
+            self.fixed_shapes.shapes.add((int(batch), int(tokens)))
+
     def run(self, output_names, feeds):
         unknown = [n for n in output_names if n not in self._outputs]
         if unknown:
             raise UserError(f"unknown output {unknown[0]!r}; the model has {', '.join(self.output_names)}")
-        with self._idle_lock:
-            request = self._idle.pop() if self._idle else None
-        if request is None:
-            request = self._compiled.create_infer_request()
-        try:
-            results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
-            return [np.array(results[self._outputs[n]], copy=True) for n in output_names]
-        finally:
-            self._local.last = request
-            with self._idle_lock:
-                self._idle.append(request)
+        executable = self._dynamic
+        if self.fixed_shapes is not None and feeds:
+            shape = tuple(next(iter(feeds.values())).shape)
+            if shape in self.fixed_shapes.shapes:
+                try:
+                    executable = self.fixed_shapes.executable(shape)
+                except RuntimeError as exc:
+                    raise _cannot_open(f"compile for {shape[0]} x {shape[1]} tokens", self.fixed_shapes.path,
+                                       exc) from None
+        return executable.run(output_names, feeds, self._local)
 
     def profiling_info(self) -> list[Any]:
         """OpenVINO's per-node records (node name and type, exec type such as ``brgemm_avx512_i8``, real and CPU

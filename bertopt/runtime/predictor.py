@@ -254,6 +254,9 @@ class Predictor:
         self._untruncated = self._chunker = None  # copies of the tokenizer, made when first needed
         self.session = session or open_session(handle, backend=runtime, provider=provider, threads=threads,
                                                device_id=device_id)
+        expect = getattr(self.session, "expect_full_batches", None)
+        if expect is not None:  # OpenVINO: a full batch may run on a copy of the model compiled for its shape
+            expect(self.batch_size, self.max_seq_len)
         self.input_names = [i["name"] for i in handle.inputs]
         missing = [n for n in self.input_names if n not in self.session.input_names]
         if missing:

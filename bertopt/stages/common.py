@@ -67,3 +67,15 @@ def require_onnx_artifact(input, stage: str) -> Artifact:
         raise UserError(f"{stage} cannot take {input.path}: it is an OpenVINO IR (static int8, the last stage of a "
                         f"chain); run {stage} on the ONNX artifact it was quantised from, then quantise again")
     return input
+
+
+def settle_static_full_batch(writer, setting: str, threads: int | None = None) -> None:
+    """An OpenVINO artifact's ``static_full_batch`` runtime option: decided (``auto``: measured on the staged model,
+    ``bertopt.runtime.openvino_backend.static_full_batch_choice``) and recorded with what it rests on in the stage's
+    report. Call after ``set_model``, before the stage's own check runs the staged model."""
+    from bertopt.params import BATCH_SIZE
+    from bertopt.runtime.openvino_backend import static_full_batch_choice
+
+    found = static_full_batch_choice(writer.staged().model_handle(), setting, BATCH_SIZE.default, threads)
+    writer.extra["runtime_options"] = {**writer.extra.get("runtime_options", {}), "static_full_batch": found["on"]}
+    writer.report["static_full_batch"] = found

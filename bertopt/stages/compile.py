@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import GPU_PARAMS, PROVIDER, Param
+from bertopt.params import GPU_PARAMS, PROVIDER, STATIC_FULL_BATCH, Param
 
 NAME = "compile"
 HELP = ("Pick the runtime (openvino or onnxruntime) and its execution precision for an artifact; recorded in "
@@ -33,6 +33,7 @@ PARAMS = [
     Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread: the fastest single "
           "text) or THROUGHPUT (a stream per thread, the Predictor running a batch on each side by side: more "
           "texts/s, a single text slower).", choices=("LATENCY", "THROUGHPUT")),
+    STATIC_FULL_BATCH,
     PROVIDER.with_(default="cpu", choices=("cpu", "cuda", "tensorrt"),
                    help="ONNX Runtime: the execution provider the artifact is served with, recorded in the manifest "
                    "(cuda, tensorrt: onnxruntime-gpu and a GPU here, where the check runs; docs/gpu.md)."),
@@ -74,7 +75,7 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.artifact import ArtifactWriter
     from bertopt.data import corpus
     from bertopt.onnx_graph.util import copy_onnx, load_onnx
-    from bertopt.stages.common import require_onnx_artifact
+    from bertopt.stages.common import require_onnx_artifact, settle_static_full_batch
 
     art = require_onnx_artifact(input, NAME)
     if art.model_format == "openvino-ir":
@@ -101,6 +102,8 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         w.runtime = config["runtime"]
         w.extra["runtime_options"] = options
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
+        if config["runtime"] == "openvino":
+            settle_static_full_batch(w, config["static_full_batch"])
         stats, session = _check(w.staged(), art, corpus(), config["provider"])
         w.report["accuracy_vs_parent"] = stats
         w.report["runtime"] = config["runtime"]

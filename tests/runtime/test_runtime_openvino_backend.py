@@ -66,7 +66,16 @@ def test_bf16_is_close_but_not_identical(tiny_onnx, ov_bf16, texts):
 def test_compile_records_runtime_and_predictor_uses_it(tiny_onnx, ov_f32):
     manifest = json.loads((ov_f32.path / "bertopt.json").read_text())
     assert manifest["runtime"] == "openvino"
-    assert manifest["runtime_options"] == {"inference_precision": "f32", "performance_hint": "LATENCY"}
+    options = manifest["runtime_options"]
+    assert {k: options[k] for k in ("inference_precision", "performance_hint")} == {"inference_precision": "f32",
+                                                                                   "performance_hint": "LATENCY"}
+    # static_full_batch auto: measured by the stage, the decision and what it rests on recorded
+    decided = manifest["lineage"]["report"]["static_full_batch"]
+    assert options["static_full_batch"] is decided["on"] and decided["setting"] == "auto"
+    assert (decided["batch"], decided["tokens"]) == (32, Predictor(ov_f32.path).max_seq_len)
+    assert decided["why"].startswith("measured ") and "full batches of 32 x" in decided["why"]
+    if abs(decided["ratio"] - 1.03) > 0.002:  # the record rounds the ratio: at the bound either way may be right
+        assert decided["on"] == (decided["ratio"] >= 1.03)
     assert manifest["precision"] == "fp32"
     assert manifest["lineage"]["stage"] == "compile"
     assert manifest["lineage"]["parent"]["digest"] == tiny_onnx.digest
@@ -381,3 +390,59 @@ def test_the_first_call_of_a_fresh_process_runs_its_streams_without_deadlock(tin
         done = subprocess.run([sys.executable, "-c", FIRST_CALL_SIDE_BY_SIDE, str(streams.path)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout.strip() == "answered", done.stderr[-2000:]
+
+
+def test_full_batches_run_on_a_copy_compiled_for_their_shape(tiny_onnx, texts, tmp_path):
+    """static_full_batch on: a batch of the Predictor's batch size x its window runs on a copy of the model compiled
+    for that shape (compiled when the first one comes, then reused); every other shape on the dynamic model; the
+    outputs are the dynamic model's."""
+    fixed = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                             "static_full_batch": "on"}, tmp_path / "fixed")
+    plain = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                             "static_full_batch": "off"}, tmp_path / "plain")
+    assert fixed.manifest["runtime_options"]["static_full_batch"] is True
+    assert plain.manifest["runtime_options"]["static_full_batch"] is False
+    assert fixed.lineage["report"]["static_full_batch"]["why"] == "--static-full-batch on"
+    on, off = Predictor(fixed.path, batch_size=8), Predictor(plain.path, batch_size=8)
+    window = on.max_seq_len
+    assert off.session.fixed_shapes is None and on.session.fixed_shapes.shapes == {(8, window)}
+    assert on.session.fixed_shapes.compiled == {}  # nothing compiled before a full batch comes
+    np.testing.assert_allclose(on.encode(texts), off.encode(texts), atol=1e-5)  # short texts: never a full batch
+    assert on.session.fixed_shapes.compiled == {}
+    full_on = on.run(texts[:16], pad_to=window)["sentence_embedding"]  # two full batches
+    assert set(on.session.fixed_shapes.compiled) == {(8, window)}
+    np.testing.assert_allclose(full_on, off.run(texts[:16], pad_to=window)["sentence_embedding"], atol=1e-5)
+    # a view at a shorter window on the same session (bench's padded workloads) brings its own full shape
+    short = Predictor(fixed, session=on.session, batch_size=8, max_seq_len=32, verify=False)
+    short.run(texts[:8], pad_to=32)
+    assert set(on.session.fixed_shapes.compiled) == {(8, window), (8, 32)}
+    # the gate measures the copy: its batch-invariance check runs one full batch
+    from bertopt.measure.batch import batch_deviation
+
+    fresh = Predictor(fixed.path)
+    found = batch_deviation(fresh, texts)
+    assert set(fresh.session.fixed_shapes.compiled) == {(32, window)}
+    assert found["outputs"]["sentence_embedding"]["by_batch_size"][f"32x{window}"] < 1e-6
+
+
+def test_static_full_batch_auto_is_measured_and_a_slow_full_batch_is_left_off(ov_f32, monkeypatch):
+    from bertopt.runtime import openvino_backend
+
+    handle = Artifact.load(ov_f32.path).model_handle()
+    found = openvino_backend.static_full_batch_choice(handle, "auto", 32, rounds=1)
+    assert found["dynamic_texts_per_s"] > 0 and found["static_texts_per_s"] > 0
+    ratio = found["static_texts_per_s"] / found["dynamic_texts_per_s"]
+    if abs(ratio - 1.03) > 0.01:  # the record rounds the rates: at the bound either way may be right
+        assert found["on"] == (ratio >= 1.03)
+    # a model whose full batch takes longer than the bound is compute-bound: not measured, left off
+    monkeypatch.setattr(openvino_backend, "STATIC_FULL_BATCH_MAX_BATCH_S", 0.0)
+    slow = openvino_backend.static_full_batch_choice(handle, "auto", 32)
+    assert slow["on"] is False and "static_texts_per_s" not in slow and "compute-bound" in slow["why"]
+    with pytest.raises(UserError, match="static_full_batch must be one of auto, on, off"):
+        openvino_backend.static_full_batch_choice(handle, "yes", 32)
+
+
+def test_a_bad_static_full_batch_is_one_line_exit_2(tiny_onnx, tmp_path, cli):
+    code, out, err = cli("compile", tiny_onnx.path, "--out", tmp_path / "x", "--static-full-batch", "always")
+    assert code == 2 and err.strip() == "error: compile: 'static_full_batch' must be one of auto, on, off; got 'always'"
+    assert "Traceback" not in err and not (tmp_path / "x").exists()

@@ -38,8 +38,11 @@ def test_int8_weights_behind_dequantize_and_runtime_recorded(tiny_onnx, tmp_path
     art = run_stage("quantize", tiny_onnx, OV_INT8, tmp_path / "ov")
     assert sha256_file(tiny_onnx.model_path) == parent_hash  # the input is never modified
     assert art.runtime == "openvino"
-    assert art.manifest["runtime_options"] == {"inference_precision": "bf16", "performance_hint": "LATENCY",
-                                               "dynamic_quantization_group_size": 32}
+    options = art.manifest["runtime_options"]
+    # static_full_batch: measured by the stage (auto), recorded with what it rests on
+    assert options.pop("static_full_batch") is art.lineage["report"]["static_full_batch"]["on"]
+    assert options == {"inference_precision": "bf16", "performance_hint": "LATENCY",
+                       "dynamic_quantization_group_size": 32}
     assert art.precision == "int8-dynamic+bf16"
 
     before, after = onnx.load(str(tiny_onnx.model_path)), onnx.load(str(art.model_path))

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
 from bertopt.stages.quantize.openvino_int8 import INFERENCE_PRECISION, KEEP_FFN_OUTPUT, ffn_output_names
 from bertopt.stages.quantize.smoothing import SMOOTH_ALPHA as SMOOTH_ALPHA_PARAM
@@ -376,7 +376,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.onnx_graph.util import load_onnx
-    from bertopt.stages.common import check_against
+    from bertopt.stages.common import check_against, settle_static_full_batch
     from bertopt.stages.compile import precision_label, refuse_ort_contrib_ops
 
     ov = require("openvino", "openvino", "static int8 for the OpenVINO runtime")
@@ -456,6 +456,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
         ov.save_model(model, str(w.dir / MODEL_FILE), compress_to_fp16=False)
         w.set_model(MODEL_FILE, MODEL_FORMAT, art.inputs, art.outputs,
                     precision=precision_label("int8-static", config["inference_precision"]))
+        settle_static_full_batch(w, config["static_full_batch"], config.get("threads"))
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         w.report.update({
             "runtime": "openvino", "quantizer": f"nncf {nncf.__version__}",
@@ -481,4 +482,5 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
 
 
 METHODS = (Method("OpenVINO static int8 (NNCF)", "int8-static", "openvino",
-                  (*NNCF_PARAMS, SMOOTH_ALPHA_PARAM, INFERENCE_PRECISION), quantize_static_openvino),)
+                  (*NNCF_PARAMS, SMOOTH_ALPHA_PARAM, INFERENCE_PRECISION, STATIC_FULL_BATCH),
+                  quantize_static_openvino),)

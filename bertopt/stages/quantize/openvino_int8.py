@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
-from bertopt.params import Param
+from bertopt.params import STATIC_FULL_BATCH, Param
 from bertopt.stages.compile import PARAMS as COMPILE_PARAMS
 from bertopt.stages.compile import precision_label, refuse_ort_contrib_ops
 from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
@@ -177,7 +177,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
     from bertopt.data import corpus
     from bertopt.errors import require
     from bertopt.onnx_graph.util import ensure_node_names, graph_stats, load_onnx, match_external_data, save_onnx
-    from bertopt.stages.common import check_against
+    from bertopt.stages.common import check_against, settle_static_full_batch
     from bertopt.stages.quantize.calibration import calibration_statistics, load_calibration_texts
 
     require("openvino", "openvino", "int8 for the OpenVINO runtime")
@@ -230,6 +230,7 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
             kept = []
         match_external_data(w.dir / "model.onnx", art.model_path)  # keep the parent's layout
         w.set_model("model.onnx", "onnx", art.inputs, art.outputs, precision=precision)
+        settle_static_full_batch(w, config["static_full_batch"], config.get("threads"))
         stats = check_against(w, art, corpus(), threads=config.get("threads"))
         q = load_onnx(w.dir / "model.onnx")
         w.report.update({"before": before, "after": graph_stats(q), "runtime": "openvino",
@@ -250,5 +251,6 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
 
 
 METHODS = (Method("OpenVINO int8", "int8-dynamic", "openvino",
-                  (WEIGHT_ROUNDING, ACTIVATION_GROUP_SIZE, INFERENCE_PRECISION, KEEP_FFN_OUTPUT),
+                  (WEIGHT_ROUNDING, ACTIVATION_GROUP_SIZE, INFERENCE_PRECISION, KEEP_FFN_OUTPUT,
+                   STATIC_FULL_BATCH),
                   quantize_int8_openvino),)
