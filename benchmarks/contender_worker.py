@@ -192,7 +192,9 @@ def main(argv: list[str]) -> int:
         if cmd["cmd"] == "quit":
             break
         if cmd["cmd"] == "warmup":
-            runner.padded(texts["padded"][: int(spec["batch_size"])])
+            # two batches: one per stream of a stream-per-core artifact, whole (a call of one batch is split between
+            # the streams), so every shape the timed passes run is compiled before them
+            runner.padded(texts["padded"][: 2 * int(spec["batch_size"])])
             runner.mixed(texts["mixed"][: 2 * int(spec["batch_size"])])
             reply(ok=True)
         elif cmd["cmd"] == "time":

@@ -3,9 +3,10 @@
 Every text of a probe set (spread over the data's length distribution) is run alone, unpadded, as the
 baseline; then again (a) alone but padded to the probe set's longest text (batch size 1, other padding),
 (b) inside mixed-length batches of 7 and 32 whose neighbours are drawn at random from the probe set (other
-neighbours, other padding, other batch shapes) and (c) in one full batch, the Predictor's batch size padded to its
-window: the shape an OpenVINO artifact may run on a copy of its model compiled for it (``static_full_batch``), so
-that copy's outputs are measured too. The deviation of a row is 1 - cosine to its baseline (per real token for
+neighbours, other padding, other batch shapes) and (c) in one full batch of each shape the Predictor runs one in
+(its batch size, and the part of a batch split between streams, padded to its window): the shapes an OpenVINO
+artifact may run on a copy of its model compiled for them (``static_full_batch``), so those outputs are measured
+too. The deviation of a row is 1 - cosine to its baseline (per real token for
 token-level outputs); the largest over every composition is ``batch_dev``.
 
 ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so its outputs move with their
@@ -48,8 +49,8 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     """Largest deviation (1 - cosine) of each output between a text alone and the same text in other batches.
 
     Returns ``{"batch_dev": worst over outputs, "outputs": {name: {"batch_dev", "by_batch_size": {...}}},
-    "texts": probes used, "batch_sizes": [...], "full_batch": [batch size, window]}`` (the full batch's deviation
-    is ``by_batch_size`` entry ``"<batch size>x<window>"``)."""
+    "texts": probes used, "batch_sizes": [...], "full_batches": [[rows, window], ...]}`` (each full batch's
+    deviation is ``by_batch_size`` entry ``"<rows>x<window>"``; ``Predictor.full_batches``)."""
     names = list(outputs or predictor.output_names)
     encodings = predictor.tokenize(texts, pairs)
     idx = probe_indices([len(e.ids) for e in encodings], probes)
@@ -92,10 +93,11 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
             compositions = [(perm[s:s + size], None) for s in range(0, len(perm), size)]
         for rows, pad in compositions:
             measure(str(size), rows, pad)
-    full = (int(predictor.batch_size), int(predictor.max_seq_len))
-    measure(f"{full[0]}x{full[1]}", (rng.permutation(n).tolist() * (full[0] // n + 1))[:full[0]], full[1])
+    full = [(int(rows), int(tokens)) for rows, tokens in predictor.full_batches]
+    for rows, tokens in full:
+        measure(f"{rows}x{tokens}", (rng.permutation(n).tolist() * (rows // n + 1))[:rows], tokens)
     per_output = {name: {"batch_dev": max(w.values(), default=0.0), "by_batch_size": w}
                   for name, w in worst.items()}
     return {"batch_dev": max((p["batch_dev"] for p in per_output.values()), default=0.0),
             "outputs": per_output, "texts": n, "batch_sizes": [int(b) for b in batch_sizes],
-            "full_batch": list(full)}
+            "full_batches": [list(shape) for shape in full]}

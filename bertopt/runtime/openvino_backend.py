@@ -237,7 +237,7 @@ class Executable:
 
 class FixedShapes:
     """The full-batch shapes a session runs on copies of its model compiled for that one shape. A Predictor
-    names its own (batch size, window) when it opens on the session (:meth:`OpenVinoSession.expect_full_batches`);
+    names its own when it opens on the session (:meth:`OpenVinoSession.expect_full_batches`);
     the copy is compiled the first time a batch of that shape runs (a fraction of a second for MiniLM), and every
     batch of that shape runs on it from then on, so a shape's outputs never depend on what ran before."""
 
@@ -247,14 +247,25 @@ class FixedShapes:
         self._config = {k: v for k, v in config.items() if k != "CACHE_DIR"}
         self.shapes: set[tuple[int, int]] = set()
         self.compiled: dict[tuple[int, int], Executable] = {}
+        # shapes OpenVINO could not compile the model for (a graph whose ops cannot take a fixed shape), with its
+        # reason: they run on the dynamic model, every time, so a shape's outputs still never change
+        self.failed: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
 
-    def executable(self, shape: tuple[int, int]) -> Executable:
+    def executable(self, shape: tuple[int, int]) -> Executable | None:
+        """The copy for ``shape``, compiled on first use; None where it cannot be compiled (``failed``)."""
         with self._lock:  # one compile per shape, however many threads bring a full batch at once
+            if shape in self.failed:
+                return None
             found = self.compiled.get(shape)
             if found is None:
-                found = self.compiled[shape] = Executable(compile_for_shape(self._core, self.path, self._config,
-                                                                            shape))
+                try:
+                    found = Executable(compile_for_shape(self._core, self.path, self._config, shape))
+                except RuntimeError as exc:
+                    # OpenVINO's first lines name its source files; the reason comes after them
+                    self.failed[shape] = " ".join(str(exc).split())[-300:] or type(exc).__name__
+                    return None
+                self.compiled[shape] = found
             return found
 
 
@@ -315,6 +326,9 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
                 "why": f"a full batch takes {seconds:.2f} s (> {STATIC_FULL_BATCH_MAX_BATCH_S:g} s): compute-bound, "
                        "where a fixed shape gains nothing to pay for its memory; not measured"}
     fixed = session.fixed_shapes.executable((int(batch), tokens))
+    if fixed is None:
+        return {**found, "on": False, "why": "OpenVINO could not compile the model for that shape: "
+                                            + session.fixed_shapes.failed[(int(batch), tokens)]}
     rate(fixed)
     timed: dict[str, list[float]] = {"dynamic": [], "fixed": []}
     for _ in range(rounds):
@@ -382,9 +396,9 @@ class OpenVinoSession:
             raise _cannot_open("read", path, exc) from None
 
     def expect_full_batches(self, batch: int, tokens: int) -> None:
-        """A Predictor on this session runs batches of at most ``batch`` texts of at most ``tokens`` tokens: where
-        the artifact asks for it (``static_full_batch``), a batch of exactly that shape runs on a copy of the model
-        compiled for it."""
+        """A Predictor on this session runs a full batch (every text at its window) as ``batch`` rows of ``tokens``
+        tokens: where the artifact asks for it (``static_full_batch``), a batch of exactly that shape runs on a copy
+        of the model compiled for it (or, where OpenVINO cannot compile one, on the dynamic model)."""
         if self.fixed_shapes is not None:
             self.fixed_shapes.shapes.add((int(batch), int(tokens)))
 
@@ -396,11 +410,7 @@ class OpenVinoSession:
         if self.fixed_shapes is not None and feeds:
             shape = tuple(next(iter(feeds.values())).shape)
             if shape in self.fixed_shapes.shapes:
-                try:
-                    executable = self.fixed_shapes.executable(shape)
-                except RuntimeError as exc:
-                    raise _cannot_open(f"compile for {shape[0]} x {shape[1]} tokens", self.fixed_shapes.path,
-                                       exc) from None
+                executable = self.fixed_shapes.executable(shape) or self._dynamic
         return executable.run(output_names, feeds, self._local)
 
     def profiling_info(self) -> list[Any]:

@@ -254,9 +254,16 @@ class Predictor:
         self._untruncated = self._chunker = None  # copies of the tokenizer, made when first needed
         self.session = session or open_session(handle, backend=runtime, provider=provider, threads=threads,
                                                device_id=device_id)
+        # the shapes of a full batch (every text at the window) as this Predictor runs it: whole, and where the
+        # session runs batches side by side, the part of one split between its streams (a call of one batch)
+        streams = max(1, int(getattr(self.session, "parallel_runs", 1)))
+        part = -(-self.batch_size // streams)
+        self.full_batches = [(self.batch_size, self.max_seq_len)] + \
+            ([(part, self.max_seq_len)] if part < self.batch_size else [])
         expect = getattr(self.session, "expect_full_batches", None)
         if expect is not None:  # OpenVINO: a full batch may run on a copy of the model compiled for its shape
-            expect(self.batch_size, self.max_seq_len)
+            for rows, tokens in self.full_batches:
+                expect(rows, tokens)
         self.input_names = [i["name"] for i in handle.inputs]
         missing = [n for n in self.input_names if n not in self.session.input_names]
         if missing:

@@ -353,8 +353,8 @@ def gated_by_default_line(result: dict[str, Any]) -> str:
 
 def batch_invariance_line(batch: dict[str, Any]) -> str:
     verdict = "batch-invariant" if batch["invariant"] else "BATCH-DEPENDENT (a text's output changes with its batch)"
-    full = batch.get("full_batch")
-    full = f" and a full batch of {full[0]} x {full[1]} tokens" if full else ""
+    shapes = " and ".join(f"{rows} x {tokens}" for rows, tokens in batch.get("full_batches") or [])
+    full = f", full batches of {shapes} tokens" if shapes else ""
     return (f"batch invariance: batch_dev {batch['batch_dev']:.3g} (largest 1 - cosine, alone vs batches of "
             f"{'/'.join(map(str, batch['batch_sizes']))}{full}, {batch['texts']} texts): {verdict}, bound "
             f"{batch['bound']:g}")

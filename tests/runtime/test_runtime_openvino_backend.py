@@ -406,6 +406,7 @@ def test_full_batches_run_on_a_copy_compiled_for_their_shape(tiny_onnx, texts, t
     on, off = Predictor(fixed.path, batch_size=8), Predictor(plain.path, batch_size=8)
     window = on.max_seq_len
     assert off.session.fixed_shapes is None and on.session.fixed_shapes.shapes == {(8, window)}
+    assert on.full_batches == off.full_batches == [(8, window)]
     assert on.session.fixed_shapes.compiled == {}  # nothing compiled before a full batch comes
     np.testing.assert_allclose(on.encode(texts), off.encode(texts), atol=1e-5)  # short texts: never a full batch
     assert on.session.fixed_shapes.compiled == {}
@@ -446,3 +447,50 @@ def test_a_bad_static_full_batch_is_one_line_exit_2(tiny_onnx, tmp_path, cli):
     code, out, err = cli("compile", tiny_onnx.path, "--out", tmp_path / "x", "--static-full-batch", "always")
     assert code == 2 and err.strip() == "error: compile: 'static_full_batch' must be one of auto, on, off; got 'always'"
     assert "Traceback" not in err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores: one OpenVINO stream per thread")
+def test_a_full_batch_split_between_streams_runs_on_a_copy_for_its_part(tiny_onnx, texts, tmp_path):
+    """With a stream per thread a call of one full batch is split between the streams: the part's shape (a server
+    worker's batch) gets its copy too, a call of several full batches the whole batch's; the gate runs both."""
+    streams = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                               "performance_hint": "THROUGHPUT", "static_full_batch": "on"},
+                        tmp_path / "streams")
+    pred = Predictor(streams.path, threads=2, batch_size=8)
+    window = pred.max_seq_len
+    assert pred.session.parallel_runs == 2 and pred.full_batches == [(8, window), (4, window)]
+    pred.run(texts[:8], pad_to=window)  # one batch: two parts of 4, side by side
+    assert set(pred.session.fixed_shapes.compiled) == {(4, window)}
+    pred.run(texts[:16], pad_to=window)  # two whole batches, one per stream
+    assert set(pred.session.fixed_shapes.compiled) == {(4, window), (8, window)}
+    from bertopt.measure.batch import batch_deviation
+
+    found = batch_deviation(Predictor(streams.path, threads=2), texts)
+    assert found["full_batches"] == [[32, window], [16, window]]
+    by_shape = found["outputs"]["sentence_embedding"]["by_batch_size"]
+    assert by_shape[f"32x{window}"] < 1e-6 and by_shape[f"16x{window}"] < 1e-6
+
+
+def test_a_shape_openvino_cannot_compile_runs_on_the_dynamic_model(tiny_onnx, texts, tmp_path, monkeypatch):
+    """A model OpenVINO cannot compile for a fixed shape: that shape runs on the dynamic model, every time (never an
+    error on a request), and the stage's auto measurement says why it left the option off."""
+    from bertopt.runtime import openvino_backend
+
+    def cannot(*args):
+        raise RuntimeError("Exception from src/core/src/shape_util.cpp:65:\nthis graph takes no static shape")
+
+    monkeypatch.setattr(openvino_backend, "compile_for_shape", cannot)
+    fixed = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                             "static_full_batch": "on"}, tmp_path / "fixed")
+    pred = Predictor(fixed.path, batch_size=8)
+    window = pred.max_seq_len
+    first = pred.run(texts[:8], pad_to=window)["sentence_embedding"]
+    again = pred.run(texts[:8], pad_to=window)["sentence_embedding"]
+    assert pred.session.fixed_shapes.compiled == {}
+    reason = "Exception from src/core/src/shape_util.cpp:65: this graph takes no static shape"
+    assert pred.session.fixed_shapes.failed == {(8, window): reason}
+    np.testing.assert_array_equal(first, again)
+    auto = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32"}, tmp_path / "auto")
+    decided = auto.lineage["report"]["static_full_batch"]
+    assert decided["on"] is False and auto.manifest["runtime_options"]["static_full_batch"] is False
+    assert decided["why"] == f"OpenVINO could not compile the model for that shape: {reason}"

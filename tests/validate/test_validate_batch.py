@@ -27,7 +27,7 @@ def test_batch_deviation_separates_float_from_dynamic_int8(tiny_onnx, tiny_int8)
     fp32 = batch_deviation(Predictor(tiny_onnx), texts)
     int8 = batch_deviation(Predictor(tiny_int8), texts)
     window = Predictor(tiny_onnx).max_seq_len
-    assert fp32["batch_sizes"] == [1, 7, 32] and fp32["texts"] == 64 and fp32["full_batch"] == [32, window]
+    assert fp32["batch_sizes"] == [1, 7, 32] and fp32["texts"] == 64 and fp32["full_batches"] == [[32, window]]
     assert fp32["batch_dev"] < 1e-6  # float rounding only
     # its neighbours move it: measured 7.7e-4 with VNNI, over 1e-3 on AVX2 (whose u8s8 kernels saturate); either way
     # over 100x float rounding
