@@ -317,8 +317,8 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return session.parallel_runs * batch / (time.perf_counter() - start)
 
     dynamic = session._dynamic
-    first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only a far slower one stops here
-    if batch / first <= 4 * STATIC_FULL_BATCH_MAX_BATCH_S:
+    first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only one twice the bound stops here
+    if batch / first <= 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
         first = rate(dynamic)
     seconds = batch / first
     if seconds > STATIC_FULL_BATCH_MAX_BATCH_S:
