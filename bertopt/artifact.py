@@ -594,6 +594,7 @@ _NESTED_SCHEMA: dict[tuple[str, str], tuple[type, ...]] = {
 }
 _BATCH_INVARIANCE_SCHEMA: dict[str, tuple[type, ...]] = {
     "invariant": (bool,), "batch_dev": (*_NUMBER, _NONE), "bound": _NUMBER, "batch_sizes": (list,),
+    "full_batches": (list,),
     "why": (str,),
 }
 

@@ -417,8 +417,8 @@ def record_gate(artifact, result: dict[str, Any]) -> None:
         artifact.manifest["validation"]["batch_invariance"] = {
             "invariant": batch["invariant"], "batch_dev": batch["batch_dev"], "bound": batch["bound"],
             "outputs": {name: found["batch_dev"] for name, found in batch["outputs"].items()},
-            "batch_sizes": batch["batch_sizes"], "texts": batch["texts"], "data": result["data"]["source"],
-            "measured_by": "validate"}
+            "batch_sizes": batch["batch_sizes"], "full_batches": batch["full_batches"], "texts": batch["texts"],
+            "data": result["data"]["source"], "measured_by": "validate"}
     artifact.record_validation("gate", summary)
 
 

@@ -49,6 +49,8 @@ def test_validate_reports_records_and_gates_batch_dev(cli, tiny_int8, tiny_onnx,
     manifest = json.loads((tiny_int8.path / "bertopt.json").read_text())
     record = manifest["validation"]["batch_invariance"]
     assert record["invariant"] is False and record["outputs"]["sentence_embedding"] == pytest.approx(measured)
+    # which compositions: batch sizes, and the full batch (32 texts at the window) as the Predictor runs one
+    assert record["batch_sizes"] == [1, 7, 32] and record["full_batches"] == [[32, Predictor(tiny_int8).max_seq_len]]
     # the record's figure is the worst output's (the token-level output moves most)
     assert record["batch_dev"] == pytest.approx(max(result["metrics"][f"{n}.batch_dev"] for n in record["outputs"]))
     code, out, _ = cli("inspect", tiny_int8.path)
