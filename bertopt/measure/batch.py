@@ -6,8 +6,8 @@ baseline; then again (a) alone but padded to the probe set's longest text (batch
 neighbours, other padding, other batch shapes) and (c) in one full batch of each shape the Predictor runs one in
 (its batch size, and the part of a batch split between streams, padded to its window): the shapes an OpenVINO
 artifact may run on a copy of its model compiled for them (``static_full_batch``), so those outputs are measured
-too. The deviation of a row is 1 - cosine to its baseline (per real token for
-token-level outputs); the largest over every composition is ``batch_dev``.
+too. The deviation of a row is 1 - cosine to its baseline (per real token for token-level outputs); the largest
+over every composition is ``batch_dev``.
 
 ONNX Runtime's dynamic int8 picks one activation scale per batch matrix, so its outputs move with their
 neighbours (1e-2 and more on AVX2 CPUs, whose u8s8 kernels saturate; 1e-4 to 1e-3 on a tiny model with
