@@ -323,3 +323,28 @@ def test_the_cpu_line_and_peaks_follow_a_onednn_isa_cap():
     assert peaks["bf16"] == 128 * 2.0 * 2 and peaks["int8"] == 256 * 2.0 * 2  # AVX-512 dot products, not AMX tiles
     uncapped = peak_gflops({**machine, "cpu_features": machine["flags"]})
     assert uncapped["int8"] == 2048 * 2.0 * 2
+
+
+def test_fixed_shape_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/fixed_shape.py on a tiny OpenVINO artifact: each shape timed on the dynamic model and on a copy
+    compiled for it, the table names the CPU's features, JSON written; an ONNX Runtime artifact is refused."""
+    from bertopt.machine import cpu_features
+    from bertopt.registry import run_stage
+
+    art = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                           "static_full_batch": "off"}, tmp_path / "ov")
+    out = tmp_path / "fixed.json"
+    proc = _run("fixed_shape.py", art.path, "--shapes", "4x16,8x24", "--rounds", "1", "--threads", "1", "--quiet",
+                "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = data["results"][0]["shapes"]
+    assert [(r["batch"], r["tokens"]) for r in rows] == [(4, 16), (8, 24)]
+    assert all(r["dynamic_texts_per_s"] > 0 and r["fixed_texts_per_s"] > 0 and len(r["rounds"]["fixed"]) == 1
+               for r in rows)
+    assert data["cpu_features"] == sorted(cpu_features()) and "CPU features:" in proc.stdout
+    assert "| ov | 1 | 8 x 24 |" in proc.stdout
+    onnxruntime = _run("fixed_shape.py", tiny_onnx.path, "--rounds", "1", "--quiet")
+    assert onnxruntime.returncode != 0 and "not OpenVINO" in onnxruntime.stderr
+    bad = _run("fixed_shape.py", art.path, "--shapes", "big")
+    assert bad.returncode != 0 and "is not TEXTSxTOKENS" in bad.stderr

@@ -278,6 +278,47 @@ def compile_for_shape(core, path: str, config: dict[str, Any], shape: tuple[int,
     return core.compile_model(model, "CPU", config)
 
 
+def fixed_shape_session(model: ModelHandle, threads: int | None = None) -> "OpenVinoSession":
+    """A session on ``model`` that can run any shape on a copy compiled for it (``fixed_shapes.executable``), beside
+    its dynamic model (``_dynamic``), outside the blob cache: what the stage's measurement and
+    ``benchmarks/fixed_shape.py`` time side by side."""
+    import dataclasses
+
+    options = {**model.runtime_options, "static_full_batch": True, "cache": False}
+    return OpenVinoSession(dataclasses.replace(model, runtime_options=options), threads=threads)
+
+
+class FullBatchTimer:
+    """Texts/s of ``batch`` texts padded to ``tokens`` through an executable of ``session``: one batch per stream,
+    side by side (as the Predictor runs whole batches)."""
+
+    def __init__(self, session: "OpenVinoSession", batch: int, tokens: int):
+        from bertopt.data import corpus
+        from bertopt.runtime.predictor import Predictor
+
+        self.session, self.batch = session, int(batch)
+        predictor = Predictor(session.model, session=session, batch_size=batch, max_seq_len=tokens)
+        texts = (corpus() * (batch // len(corpus()) + 1))[:batch]
+        self.feeds, _ = predictor.feeds_for(predictor.tokenize(texts), pad_to=tokens)
+        self.names = session.output_names[:1]
+
+    def __call__(self, executable: Executable) -> float:
+        from bertopt.runtime.predictor import side_by_side
+
+        streams = self.session.parallel_runs
+        start = time.perf_counter()
+        side_by_side(lambda _: executable.run(self.names, self.feeds, self.session._local), range(streams), streams)
+        return streams * self.batch / (time.perf_counter() - start)
+
+    def interleaved(self, executables: dict[str, Executable], rounds: int) -> dict[str, list[float]]:
+        """Each executable's rate per round, rounds interleaved (A B A B ...: the machine is shared and noisy)."""
+        timed: dict[str, list[float]] = {name: [] for name in executables}
+        for _ in range(rounds):
+            for name, executable in executables.items():
+                timed[name].append(self(executable))
+        return timed
+
+
 # ``auto`` turns it on at this measured gain or more: below it the second executable's memory buys too little
 STATIC_FULL_BATCH_MIN_GAIN = 1.03
 # ``auto`` does not measure a model whose full batch takes longer than this: such a batch is compute-bound, where
@@ -292,10 +333,7 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
     for that shape. ``on`` / ``off``: as asked. ``auto``: measured here, one batch per stream side by side through
     each executable, rounds interleaved, medians: on when the fixed shape is at least
     ``STATIC_FULL_BATCH_MIN_GAIN`` times as fast. Returns the decision (``on``) with what it rests on."""
-    import dataclasses
-
-    from bertopt.data import corpus
-    from bertopt.runtime.predictor import Predictor, sequence_length, side_by_side
+    from bertopt.runtime.predictor import sequence_length
 
     if setting not in STATIC_FULL_BATCH.choices:
         raise UserError(f"static_full_batch must be one of {', '.join(STATIC_FULL_BATCH.choices)}, not {setting!r}")
@@ -303,19 +341,8 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
     found: dict[str, Any] = {"setting": setting, "batch": int(batch), "tokens": tokens}
     if setting != "auto":
         return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
-    options = {**model.runtime_options, "static_full_batch": True, "cache": False}
-    session = OpenVinoSession(dataclasses.replace(model, runtime_options=options), threads=threads)
-    predictor = Predictor(model, session=session, batch_size=batch, max_seq_len=tokens)
-    texts = (corpus() * (batch // len(corpus()) + 1))[:batch]
-    feeds, _ = predictor.feeds_for(predictor.tokenize(texts), pad_to=tokens)
-    names = session.output_names[:1]
-
-    def rate(executable) -> float:
-        start = time.perf_counter()
-        side_by_side(lambda _: executable.run(names, feeds, session._local), range(session.parallel_runs),
-                     session.parallel_runs)
-        return session.parallel_runs * batch / (time.perf_counter() - start)
-
+    session = fixed_shape_session(model, threads)
+    rate = FullBatchTimer(session, batch, tokens)
     dynamic = session._dynamic
     first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only one twice the bound stops here
     if batch / first <= 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
@@ -330,10 +357,7 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return {**found, "on": False, "why": "OpenVINO could not compile the model for that shape: "
                                             + session.fixed_shapes.failed[(int(batch), tokens)]}
     rate(fixed)
-    timed: dict[str, list[float]] = {"dynamic": [], "fixed": []}
-    for _ in range(rounds):
-        timed["dynamic"].append(rate(dynamic))
-        timed["fixed"].append(rate(fixed))
+    timed = rate.interleaved({"dynamic": dynamic, "fixed": fixed}, rounds)
     dyn, fix = float(np.median(timed["dynamic"])), float(np.median(timed["fixed"]))
     on = fix >= STATIC_FULL_BATCH_MIN_GAIN * dyn
     return {**found, "on": on, "dynamic_texts_per_s": round(dyn, 1), "static_texts_per_s": round(fix, 1),
@@ -363,6 +387,7 @@ class OpenVinoSession:
             raise UserError("the OpenVINO runtime opens model files, and this model is only in memory; save it "
                             "to a file first, or use --runtime onnxruntime")
         self.options = dict(model.runtime_options)
+        self.model = model
         numpy_bridge_ready(ov)
         core = ov.Core()
         path = str(model.model_path)  # an IR's model.xml: OpenVINO reads the model.bin beside it (model_files)
