@@ -14,14 +14,13 @@ and writes JSON under benchmarks/results/ (``--json`` for another path).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import output_path, progress_printer  # noqa: E402
+from common import add_artifact_timing_args, progress_printer, write_results  # noqa: E402
 
 DEFAULT_PLANS = "1.25:8,1.1:2,1.05:0,1.0:0"
 
@@ -78,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("artifacts", nargs="+", help="Artifact folders to run.")
     parser.add_argument("--plans", default=DEFAULT_PLANS, help=f"GROWTH:SLACK,... (default {DEFAULT_PLANS}).")
-    parser.add_argument("--rounds", type=int, default=6, help="Interleaved rounds (medians are reported).")
-    parser.add_argument("--threads", type=int, default=None, help="Threads (default: all cores).")
-    parser.add_argument("--json", type=Path, default=None, help="JSON output (default: benchmarks/results/).")
-    parser.add_argument("--quiet", action="store_true", help="No progress lines.")
+    add_artifact_timing_args(parser, rounds=6)
     args = parser.parse_args(argv)
     from bertopt.machine import cpu_features
     from bertopt.runtime.predictor import BUCKET_GROWTH, BUCKET_SLACK_TOKENS
@@ -98,11 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             default = " (default)" if (p["growth"], p["slack"]) == (BUCKET_GROWTH, BUCKET_SLACK_TOKENS) else ""
             print(f"| {Path(res['artifact']).name} | {res['backend']} | {p['growth']:g}:{p['slack']}{default} | "
                   f"{p['batches']} | {p['padded_tokens']} | {p['texts_per_s']:.1f} | {p['x_first_plan']:.3f} |")
-    path = output_path(args, "bucketing")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": args.rounds, "results": results},
-                               indent=2))
-    print(f"\nwrote {path}")
+    write_results(args, "bucketing", features, results)
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import sys
 from pathlib import Path
@@ -116,6 +117,24 @@ def output_path(args, name: str) -> Path:
         return args.json
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return RESULTS / f"{name}-{stamp}.json"
+
+
+def add_artifact_timing_args(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of a script that times artifact folders side by side (bucketing.py, fixed_shape.py)."""
+    parser.add_argument("--rounds", type=int, default=rounds, help="Interleaved rounds (medians are reported).")
+    parser.add_argument("--threads", type=int, default=None, help="Threads (default: all cores).")
+    parser.add_argument("--json", type=Path, default=None, help="JSON output (default: benchmarks/results/).")
+    parser.add_argument("--quiet", action="store_true", help="No progress lines.")
+
+
+def write_results(args, name: str, features, results: list[dict[str, Any]]) -> Path:
+    """The JSON of such a script (CPU features, rounds, results) at ``output_path``; prints where."""
+    path = output_path(args, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": args.rounds, "results": results},
+                               indent=2))
+    print(f"\nwrote {path}")
+    return path
 
 
 def progress_printer(enabled: bool = True):

@@ -13,13 +13,12 @@ benchmarks/results/ (``--json`` for another path).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import output_path, progress_printer  # noqa: E402
+from common import add_artifact_timing_args, progress_printer, write_results  # noqa: E402
 
 DEFAULT_SHAPES = "32x16,32x64,32x128"
 
@@ -65,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("artifacts", nargs="+", help="OpenVINO artifact folders.")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"TEXTSxTOKENS,... (default {DEFAULT_SHAPES}).")
-    parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds (medians are reported).")
-    parser.add_argument("--threads", type=int, default=None, help="Threads (default: all cores).")
-    parser.add_argument("--json", type=Path, default=None, help="JSON output (default: benchmarks/results/).")
-    parser.add_argument("--quiet", action="store_true", help="No progress lines.")
+    add_artifact_timing_args(parser, rounds=5)
     args = parser.parse_args(argv)
     from bertopt.machine import cpu_features
 
@@ -88,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"| {Path(res['artifact']).name} | {res['streams']} | {shape} | {row['dynamic_texts_per_s']:.1f} | "
                   f"{row['fixed_texts_per_s']:.1f} | {row['x_dynamic']:.3f} |")
-    path = output_path(args, "fixed-shape")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": args.rounds, "results": results},
-                               indent=2))
-    print(f"\nwrote {path}")
+    write_results(args, "fixed-shape", features, results)
     return 0
 
 
