@@ -50,7 +50,7 @@ def measure(artifact: str, shapes: list[tuple[int, int]], rounds: int, threads: 
         if fixed is None:
             rows.append({"batch": batch, "tokens": tokens, "error": session.fixed_shapes.failed[(batch, tokens)]})
             continue
-        executables = {"dynamic": session._dynamic, "fixed": fixed}
+        executables = {"dynamic": session.dynamic, "fixed": fixed}
         timer.interleaved(executables, 1)  # warm-up: first runs allocate and pick kernels
         timed = timer.interleaved(executables, rounds)
         dyn, fix = statistics.median(timed["dynamic"]), statistics.median(timed["fixed"])

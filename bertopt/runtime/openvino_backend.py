@@ -280,7 +280,7 @@ def compile_for_shape(core, path: str, config: dict[str, Any], shape: tuple[int,
 
 def fixed_shape_session(model: ModelHandle, threads: int | None = None) -> "OpenVinoSession":
     """A session on ``model`` that can run any shape on a copy compiled for it (``fixed_shapes.executable``), beside
-    its dynamic model (``_dynamic``), outside the blob cache: what the stage's measurement and
+    its dynamic model (``dynamic``), outside the blob cache: what the stage's measurement and
     ``benchmarks/fixed_shape.py`` time side by side."""
     import dataclasses
 
@@ -307,7 +307,7 @@ class FullBatchTimer:
 
         streams = self.session.parallel_runs
         start = time.perf_counter()
-        side_by_side(lambda _: executable.run(self.names, self.feeds, self.session._local), range(streams), streams)
+        side_by_side(lambda _: self.session.run_on(executable, self.names, self.feeds), range(streams), streams)
         return streams * self.batch / (time.perf_counter() - start)
 
     def interleaved(self, executables: dict[str, Executable], rounds: int) -> dict[str, list[float]]:
@@ -343,7 +343,7 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
     session = fixed_shape_session(model, threads)
     rate = FullBatchTimer(session, batch, tokens)
-    dynamic = session._dynamic
+    dynamic = session.dynamic
     first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only one twice the bound stops here
     if batch / first <= 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
         first = rate(dynamic)
@@ -407,8 +407,8 @@ class OpenVinoSession:
         precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
         self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]
-        self._dynamic = Executable(self._compiled)
-        self._outputs = self._dynamic.outputs
+        self.dynamic = Executable(self._compiled)  # the model as read: every shape
+        self._outputs = self.dynamic.outputs
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
         self.fixed_shapes = FixedShapes(core, path, config) if self.options.get("static_full_batch") else None
         self._local = threading.local()  # this thread's last request (profiling_info)
@@ -431,11 +431,16 @@ class OpenVinoSession:
         unknown = [n for n in output_names if n not in self._outputs]
         if unknown:
             raise UserError(f"unknown output {unknown[0]!r}; the model has {', '.join(self.output_names)}")
-        executable = self._dynamic
+        executable = self.dynamic
         if self.fixed_shapes is not None and feeds:
             shape = tuple(next(iter(feeds.values())).shape)
             if shape in self.fixed_shapes.shapes:
-                executable = self.fixed_shapes.executable(shape) or self._dynamic
+                executable = self.fixed_shapes.executable(shape) or self.dynamic
+        return self.run_on(executable, output_names, feeds)
+
+    def run_on(self, executable: Executable, output_names, feeds) -> list[np.ndarray]:
+        """``feeds`` through one of this session's executables (the dynamic model or a fixed-shape copy), the
+        request kept as this thread's last (``profiling_info``)."""
         return executable.run(output_names, feeds, self._local)
 
     def profiling_info(self) -> list[Any]:
