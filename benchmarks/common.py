@@ -131,8 +131,8 @@ def write_results(args, name: str, features, results: list[dict[str, Any]]) -> P
     """The JSON of such a script (CPU features, rounds, results) at ``output_path``; prints where."""
     path = output_path(args, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": args.rounds, "results": results},
-                               indent=2))
+    rounds = getattr(args, "rounds", None)  # a script that does not time rounds (serve_memory.py) records none
+    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": rounds, "results": results}, indent=2))
     print(f"\nwrote {path}")
     return path
 

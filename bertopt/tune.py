@@ -141,6 +141,13 @@ class Outcome:
             out.update(runtime=self.candidate.runtime, precision=self.candidate.precision,
                        provider=self.candidate.provider,
                        steps=[{name: cfg} for name, cfg in self.candidate.steps])
+        if self.artifact is not None:
+            # how the runtime runs what was built: a stage may have decided part of it by measuring (an OpenVINO
+            # artifact's full batches on a copy compiled for their shape), which is part of its speed
+            out["runtime_options"] = dict(self.artifact.manifest.get("runtime_options") or {})
+            decided = (self.artifact.manifest.get("lineage", {}).get("report") or {}).get("static_full_batch")
+            if decided:
+                out["static_full_batch"] = decided
         return out
 
 
@@ -688,7 +695,11 @@ def markdown_table(record: dict[str, Any]) -> str:
             f"Timing: {record['timing']['texts']} texts ({record['timing']['data']}), batch "
             f"{record['timing']['batch_size']}, {record['timing']['rounds']} interleaved rounds, median. "
             f"Wall time {record.get('wall_time_s', 0):.0f} s (budget {record['time_budget_s']:.0f} s).", ""]
-    return "\n".join(head + rows) + "\n"
+    decided = [f"- {c['name']}: {'on' if c['static_full_batch']['on'] else 'off'} ({c['static_full_batch']['why']})"
+               for c in record["candidates"] if c.get("static_full_batch")]
+    tail = ["", "Full batches on a copy of the model compiled for their shape (`--static-full-batch`, decided by "
+            "the stage that built the candidate):", *decided] if decided else []
+    return "\n".join(head + rows + tail) + "\n"
 
 
 def _plot(record: dict[str, Any]) -> bytes | None:

@@ -348,3 +348,29 @@ def test_fixed_shape_script_smoke(tiny_onnx, tmp_path):
     assert onnxruntime.returncode != 0 and "not OpenVINO" in onnxruntime.stderr
     bad = _run("fixed_shape.py", art.path, "--shapes", "big")
     assert bad.returncode != 0 and "is not TEXTSxTOKENS" in bad.stderr
+
+
+@pytest.mark.slow
+def test_serve_memory_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/serve_memory.py on a tiny OpenVINO artifact with the full-batch copy on: a real server answers each
+    phase, the workers' memory is read and grows once long texts come, the table names the CPU's features."""
+    from bertopt.machine import cpu_features
+    from bertopt.registry import run_stage
+
+    art = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                           "static_full_batch": "on"}, tmp_path / "ov")
+    out = tmp_path / "memory.json"
+    proc = _run("serve_memory.py", art.path, "--requests", "2", "--batch-size", "4", "--batches", "2", "--quiet",
+                "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    phases = {p["phase"]: p for p in data["results"][0]["phases"]}
+    assert list(phases) == ["ready", "short", "1 x 4", "2 x 4"]
+    assert phases["2 x 4"]["texts"] == 8 and phases["1 x 4"]["steady_s"] > 0
+    assert phases["ready"]["processes"] >= 1 and phases["ready"]["workers_gb"] > 0
+    assert phases["2 x 4"]["workers_gb"] >= phases["ready"]["workers_gb"] * 0.9  # read from /proc, same workers
+    assert data["results"][0]["runtime_options"]["static_full_batch"] is True
+    assert data["cpu_features"] == sorted(cpu_features()) and "CPU features:" in proc.stdout
+    assert "| ov | " in proc.stdout and "| 1 x 4 |" in proc.stdout
+    bad = _run("serve_memory.py", art.path, "--batches", "0")
+    assert bad.returncode != 0 and "must be at least 1" in bad.stderr

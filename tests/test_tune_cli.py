@@ -98,6 +98,11 @@ def test_budget_spent_keeps_the_first_passing_candidate(tiny_model, tmp_path, cl
     for name, fate in status.items():
         assert re.search(rf"│ {re.escape(name)} +│ {fate} ", stdout), stdout
     assert record["winner"] == "openvino-f32"
+    # how the winner runs, as its stage decided it (the full-batch copy measured, not assumed), is in its record
+    winner = next(c for c in record["candidates"] if c["name"] == "openvino-f32")
+    assert winner["runtime_options"] == Artifact.load(out).manifest["runtime_options"]
+    assert winner["static_full_batch"]["setting"] == "auto"
+    assert winner["runtime_options"]["static_full_batch"] == winner["static_full_batch"]["on"]
     check_reports(tmp_path / "tuned-report", record)
 
 

@@ -322,9 +322,10 @@ class FullBatchTimer:
 # ``auto`` turns it on at this measured gain or more: below it the second executable's memory buys too little
 STATIC_FULL_BATCH_MIN_GAIN = 1.03
 # ``auto`` does not measure a model whose full batch takes longer than this: such a batch is compute-bound, where
-# the fixed shape's gain is gone (MPNet: 0.99-1.02x at 32 x 128-384 tokens, MiniLM f32: 1.05x), and timing it would
-# cost the stage many seconds
-STATIC_FULL_BATCH_MAX_BATCH_S = 0.5
+# the fixed shape's gain is gone (MPNet on AMX, 3 s: 0.99-1.02x at 32 x 128-384 tokens), and timing it would cost the
+# stage many seconds. Below it the gain varies with the kernels, so it is measured: on the Xeon's oneDNN capped at
+# AVX-512 VNNI (no AMX), MiniLM's dynamic int8 (0.7 s) gained 1.04x at 32 x 256, capped at AVX2 its f32 (1.1 s) 1.02x
+STATIC_FULL_BATCH_MAX_BATCH_S = 1.0
 
 
 def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threads: int | None = None,
