@@ -326,6 +326,8 @@ STATIC_FULL_BATCH_MIN_GAIN = 1.03
 # stage many seconds. Below it the gain varies with the kernels, so it is measured: on the Xeon's oneDNN capped at
 # AVX-512 VNNI (no AMX), MiniLM's dynamic int8 (0.7 s) gained 1.04x at 32 x 256, capped at AVX2 its f32 (1.1 s) 1.02x
 STATIC_FULL_BATCH_MAX_BATCH_S = 1.0
+# ... judged first on this part of a batch (small batches run no faster per text, so the estimate errs long)
+STATIC_FULL_BATCH_PROBE_PART = 8
 
 
 def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threads: int | None = None,
@@ -343,8 +345,20 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
     if setting != "auto":
         return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
     session = fixed_shape_session(model, threads)
-    rate = FullBatchTimer(session, batch, tokens)
     dynamic = session.dynamic
+    probe_rows = int(batch) // STATIC_FULL_BATCH_PROBE_PART
+    if probe_rows >= 1:
+        # an eighth of the batch first: a model far over the bound is left off without timing one whole batch
+        # (MPNet f32: 9 s, a third of its compile)
+        probe = FullBatchTimer(session, probe_rows, tokens)
+        probe(dynamic)  # allocates and picks kernels
+        estimate = batch / probe(dynamic)
+        if estimate > 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
+            return {**found, "on": False, "dynamic_texts_per_s": round(batch / estimate, 1),
+                    "why": f"a full batch would take about {estimate:.1f} s (timed on {probe_rows} texts; > "
+                           f"{STATIC_FULL_BATCH_MAX_BATCH_S:g} s): compute-bound, where a fixed shape gains nothing "
+                           "to pay for its memory; not measured"}
+    rate = FullBatchTimer(session, batch, tokens)
     first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only one twice the bound stops here
     if batch / first <= 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
         first = rate(dynamic)

@@ -439,6 +439,12 @@ def test_static_full_batch_auto_is_measured_and_a_slow_full_batch_is_left_off(ov
     monkeypatch.setattr(openvino_backend, "STATIC_FULL_BATCH_MAX_BATCH_S", 0.0)
     slow = openvino_backend.static_full_batch_choice(handle, "auto", 32)
     assert slow["on"] is False and "static_texts_per_s" not in slow and "compute-bound" in slow["why"]
+    # judged on an eighth of the batch first, so a big model does not time a whole batch to be left off
+    assert "a full batch would take about" in slow["why"] and "timed on 4 texts" in slow["why"]
+    # a batch too small to take a part of is timed whole
+    monkeypatch.setattr(openvino_backend, "STATIC_FULL_BATCH_PROBE_PART", 64)
+    whole = openvino_backend.static_full_batch_choice(handle, "auto", 32)
+    assert whole["on"] is False and whole["why"].startswith("a full batch takes ")
     with pytest.raises(UserError, match="static_full_batch must be one of auto, on, off"):
         openvino_backend.static_full_batch_choice(handle, "yes", 32)
 
