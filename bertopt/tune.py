@@ -755,15 +755,17 @@ def html_page(record: dict[str, Any], markdown: str, png: bytes | None) -> str:
             cells = [html.escape(c.strip().replace("**", "")) for c in line.strip("|").split("|")]
             tag = "th" if not rows else "td"
             rows.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-    intro = [f"<p>{html.escape(line.replace('**', ''))}</p>" for line in markdown.splitlines()[1:]
-             if line and not line.startswith("|")]
+    lines = markdown.splitlines()[1:]
+    table_end = max((i for i, line in enumerate(lines) if line.startswith("|")), default=-1)
+    intro, after = ([f"<p>{html.escape(line.replace('**', ''))}</p>" for line in part if line and
+                     not line.startswith("|")] for part in (lines[:table_end], lines[table_end + 1:]))
     img = (f'<img alt="speed vs fidelity" src="data:image/png;base64,{base64.b64encode(png).decode()}">' if png
            else "<p>(plot: matplotlib is not installed; pip install 'bertopt[report]')</p>")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>bertopt tune</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px;font-size:90%}</style></head><body>"
             f"<h1>bertopt tune: {html.escape(record['source'])}</h1>{''.join(intro)}{img}"
-            f"<table>{''.join(rows)}</table></body></html>\n")
+            f"<table>{''.join(rows)}</table>{''.join(after)}</body></html>\n")
 
 
 def _write_text(path: Path, text: str) -> None:
