@@ -326,8 +326,10 @@ STATIC_FULL_BATCH_MIN_GAIN = 1.03
 # stage many seconds. Below it the gain varies with the kernels, so it is measured: on the Xeon's oneDNN capped at
 # AVX-512 VNNI (no AMX), MiniLM's dynamic int8 (0.7 s) gained 1.04x at 32 x 256, capped at AVX2 its f32 (1.1 s) 1.02x
 STATIC_FULL_BATCH_MAX_BATCH_S = 1.0
-# ... judged first on this part of a batch (small batches run no faster per text, so the estimate errs long)
+# ... judged on this part of a batch (small batches run no faster per text, so the estimate errs long)
 STATIC_FULL_BATCH_PROBE_PART = 8
+# ... and timed in as many interleaved rounds (up to the caller's) as fit in about this many seconds of batches
+STATIC_FULL_BATCH_TIMING_S = 2.0
 
 
 def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threads: int | None = None,
@@ -346,32 +348,28 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
     session = fixed_shape_session(model, threads)
     dynamic = session.dynamic
-    probe_rows = int(batch) // STATIC_FULL_BATCH_PROBE_PART
-    if probe_rows >= 1:
-        # an eighth of the batch first: a model far over the bound is left off without timing one whole batch
-        # (MPNet f32: 9 s, a third of its compile)
-        probe = FullBatchTimer(session, probe_rows, tokens)
-        probe(dynamic)  # allocates and picks kernels
-        estimate = batch / probe(dynamic)
-        if estimate > 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
-            return {**found, "on": False, "dynamic_texts_per_s": round(batch / estimate, 1),
-                    "why": f"a full batch would take about {estimate:.1f} s (timed on {probe_rows} texts; > "
-                           f"{STATIC_FULL_BATCH_MAX_BATCH_S:g} s): compute-bound, where a fixed shape gains nothing "
-                           "to pay for its memory; not measured"}
     rate = FullBatchTimer(session, batch, tokens)
-    first = rate(dynamic)  # first runs allocate and pick kernels: slower, so only one twice the bound stops here
-    if batch / first <= 2 * STATIC_FULL_BATCH_MAX_BATCH_S:
-        first = rate(dynamic)
-    seconds = batch / first
+    probe_rows = int(batch) // STATIC_FULL_BATCH_PROBE_PART
+    timer = FullBatchTimer(session, probe_rows, tokens) if probe_rows >= 1 else rate
+    timer(dynamic)  # first runs allocate and pick kernels
+    seconds = batch / timer(dynamic)
     if seconds > STATIC_FULL_BATCH_MAX_BATCH_S:
-        return {**found, "on": False, "dynamic_texts_per_s": round(first, 1),
-                "why": f"a full batch takes {seconds:.2f} s (> {STATIC_FULL_BATCH_MAX_BATCH_S:g} s): compute-bound, "
-                       "where a fixed shape gains nothing to pay for its memory; not measured"}
+        # judged on an eighth of the batch: a big model is left off without timing a whole batch (MPNet f32: 9 s)
+        bound = f"> {STATIC_FULL_BATCH_MAX_BATCH_S:g} s"
+        took = (f"would take about {seconds:.2f} s (timed on {probe_rows} texts; {bound})" if timer is not rate
+                else f"takes {seconds:.2f} s ({bound})")
+        return {**found, "on": False, "dynamic_texts_per_s": round(batch / seconds, 1),
+                "why": f"a full batch {took}: compute-bound, where a fixed shape gains nothing to pay for its memory; "
+                       "not measured"}
+    if timer is not rate:
+        rate(dynamic)  # the full shape's first run
     fixed = session.fixed_shapes.executable((int(batch), tokens))
     if fixed is None:
         return {**found, "on": False, "why": "OpenVINO could not compile the model for that shape: "
                                             + session.fixed_shapes.failed[(int(batch), tokens)]}
     rate(fixed)
+    # a slow batch gets fewer rounds: the measurement stays a few seconds of a stage (tune builds several)
+    rounds = max(1, min(rounds, int(STATIC_FULL_BATCH_TIMING_S / (2 * seconds))))
     timed = rate.interleaved({"dynamic": dynamic, "fixed": fixed}, rounds)
     dyn, fix = float(np.median(timed["dynamic"])), float(np.median(timed["fixed"]))
     on = fix >= STATIC_FULL_BATCH_MIN_GAIN * dyn
