@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from serve_load import corpus, ensure_artifact, stop_server  # noqa: E402
+from serve_load import corpus, ensure_artifact, stop_server, wait_until_healthy  # noqa: E402
 
 from bertopt.harness import free_port  # noqa: E402
 
@@ -53,16 +53,7 @@ def one_start(artifact: Path, flags: list[str], workers: int, log_dir: Path) -> 
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(timeout=120) as client:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"server did not start: {err.read_text()[-2000:]}")
-                try:
-                    if client.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.01)
+            wait_until_healthy(client, url, proc, err)
             ready_s = time.perf_counter() - t0
             timings = {}
             for name, texts in (("first_short", SHORT), ("first_long", long_texts()), ("steady_short", SHORT),

@@ -65,6 +65,23 @@ def start_server(artifact: Path, workers: int, log_dir: Path):
     return proc, port, port_out
 
 
+def wait_until_healthy(client, url: str, proc, err_file: Path, timeout_s: float = 300, poll_s: float = 0.01) -> None:
+    """Poll ``url``/health with the httpx ``client`` until it answers 200; the server's stderr (``err_file``) in
+    the error when the process exits or ``timeout_s`` passes first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"server did not start: {err_file.read_text()[-2000:]}")
+        try:
+            if client.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+
+
 def stop_server(proc) -> None:
     children = descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)  # the flood is still queued; graceful stop would finish it first

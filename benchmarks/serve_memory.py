@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from common import write_results  # noqa: E402
 from peers import long_texts  # noqa: E402
-from serve_load import stop_server  # noqa: E402
+from serve_load import stop_server, wait_until_healthy  # noqa: E402
 
 from bertopt.harness import descendants, free_port  # noqa: E402
 
@@ -65,16 +65,7 @@ def measure(artifact: str, args, log_dir: Path, say) -> dict:
     phases = []
     try:
         with httpx.Client(timeout=300) as client:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"{artifact}: the server did not start: {err.read_text()[-2000:]}")
-                try:
-                    if client.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
+            wait_until_healthy(client, url, proc, err, poll_s=0.05)
             phases.append({"phase": "ready", **memory(proc)})
             for name, texts in (("short", ["A short text to embed."] * 8), (f"1 x {args.batch_size}", one),
                                 (f"{args.batches} x {args.batch_size}", many)):
