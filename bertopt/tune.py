@@ -167,8 +167,7 @@ def plan_candidates(features: set[str] | None = None, gpus: list[str] | None = N
                     ) -> tuple[list[Candidate], list[Outcome]]:
     """The candidates worth building on this machine (cheapest first, so a passing one exists early when the
     budget is short; ONNX Runtime's CPU ones after OpenVINO's int8 where those are built), and those left out with
-    why; ``threads``: what the artifact will run with (default: the
-    cores this process may use)."""
+    why; ``threads``: what the artifact will run with (default: the cores this process may use)."""
     from bertopt.machine import cpu_features, has_int8_dot_product, has_native_bf16
     from bertopt.runtime.backends import default_threads
 
