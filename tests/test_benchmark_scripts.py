@@ -374,3 +374,30 @@ def test_serve_memory_script_smoke(tiny_onnx, tmp_path):
     assert "| ov | " in proc.stdout and "| 1 x 4 |" in proc.stdout
     bad = _run("serve_memory.py", art.path, "--batches", "0")
     assert bad.returncode != 0 and "must be at least 1" in bad.stderr
+
+
+@pytest.mark.slow
+def test_hybrid_int8_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/hybrid_int8.py on a tiny static int8 artifact: the float-kept weight MatMuls get int8 weights, each
+    variant is compared with the parent and timed, JSON written; an artifact that is not static int8 is refused."""
+    from bertopt.machine import cpu_features
+    from bertopt.registry import run_stage
+
+    static = run_stage("quantize", tiny_onnx, {"mode": "int8-static", "runtime": "openvino", "calibration_size": 64,
+                                                "inference_precision": "f32"}, tmp_path / "s8")
+    out = tmp_path / "hybrid.json"
+    proc = _run("hybrid_int8.py", static.path, tiny_onnx.path, "--texts", "12", "--batch", "4", "--tokens", "16",
+                "--rounds", "1", "--threads", "1", "--quiet", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())["results"][0]
+    variants = {v["variant"]: v for v in data["variants"]}
+    assert list(variants) == ["parent (float)", "static int8 as built", "hybrid: restored MatMuls dynamic int8",
+                              "hybrid + FFN outputs dynamic int8"]
+    assert variants["parent (float)"]["cos_min"] > 0.99999  # the parent against itself
+    as_built = variants["static int8 as built"]["int8_matmuls"]
+    # the FFN outputs (kept float by the stage) are among what the last variant makes int8
+    assert variants["hybrid + FFN outputs dynamic int8"]["int8_matmuls"] > as_built > 0
+    assert all(0.9 < v["cos_min"] <= 1.0 + 1e-6 and v["texts_per_s"] > 0 for v in variants.values())
+    assert json.loads(out.read_text())["cpu_features"] == sorted(cpu_features()) and "CPU features:" in proc.stdout
+    refused = _run("hybrid_int8.py", tiny_onnx.path, tiny_onnx.path, "--quiet")
+    assert refused.returncode != 0 and "not an OpenVINO static int8 artifact" in refused.stderr
