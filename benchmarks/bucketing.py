@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_artifact_timing_args, progress_printer, write_results  # noqa: E402
+from common import add_artifact_timing_args, print_table, progress_printer, write_results  # noqa: E402
 
 DEFAULT_PLANS = "1.25:8,1.1:2,1.05:0,1.0:0"
 
@@ -86,14 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     say = progress_printer(not args.quiet)
     results = [measure(a, plans, args.rounds, args.threads, say) for a in args.artifacts]
     features = cpu_features()
-    print(f"\nLength buckets on mixed_text, CPU features: {', '.join(sorted(features)) or 'none reported'}")
-    print("| artifact | backend | plan (growth:slack) | batches | padded tokens | texts/s | x first plan |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    for res in results:
-        for p in res["plans"]:
-            default = " (default)" if (p["growth"], p["slack"]) == (BUCKET_GROWTH, BUCKET_SLACK_TOKENS) else ""
-            print(f"| {Path(res['artifact']).name} | {res['backend']} | {p['growth']:g}:{p['slack']}{default} | "
-                  f"{p['batches']} | {p['padded_tokens']} | {p['texts_per_s']:.1f} | {p['x_first_plan']:.3f} |")
+    rows = [[Path(res["artifact"]).name, res["backend"],
+             f"{p['growth']:g}:{p['slack']}"
+             + (" (default)" if (p["growth"], p["slack"]) == (BUCKET_GROWTH, BUCKET_SLACK_TOKENS) else ""),
+             p["batches"], p["padded_tokens"], f"{p['texts_per_s']:.1f}", f"{p['x_first_plan']:.3f}"]
+            for res in results for p in res["plans"]]
+    print_table("Length buckets on mixed_text, ", features, ["artifact", "backend", "plan (growth:slack)", ">batches",
+                ">padded tokens", ">texts/s", ">x first plan"], rows)
     write_results(args, "bucketing", features, results)
     return 0
 

@@ -137,6 +137,16 @@ def write_results(args, name: str, features, results: list[dict[str, Any]]) -> P
     return path
 
 
+def print_table(title: str, features, columns: list[str], rows: list[list[Any]]) -> None:
+    """A Markdown table under one line: ``title`` followed by the CPU's features (every speed figure names them).
+    A column named with a leading ``>`` is right-aligned (numbers)."""
+    print(f"\n{title}CPU features: {', '.join(sorted(features)) or 'none reported'}")
+    print("| " + " | ".join(c.lstrip(">") for c in columns) + " |")
+    print("|" + "|".join("---:" if c.startswith(">") else "---" for c in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
 def progress_printer(enabled: bool = True):
     def say(message: str) -> None:
         if enabled:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_artifact_timing_args, progress_printer, write_results  # noqa: E402
+from common import add_artifact_timing_args, print_table, progress_printer, write_results  # noqa: E402
 
 DEFAULT_SHAPES = "32x16,32x64,32x128"
 
@@ -72,18 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     say = progress_printer(not args.quiet)
     results = [measure(a, shapes, args.rounds, args.threads, say) for a in args.artifacts]
     features = cpu_features()
-    print(f"\nA full batch, dynamic model vs a copy compiled for its shape; CPU features: "
-          f"{', '.join(sorted(features)) or 'none reported'}")
-    print("| artifact | streams | shape | dynamic texts/s | fixed texts/s | x |")
-    print("|---|---:|---|---:|---:|---:|")
+    rows = []
     for res in results:
         for row in res["shapes"]:
-            shape = f"{row['batch']} x {row['tokens']}"
-            if "error" in row:
-                print(f"| {Path(res['artifact']).name} | {res['streams']} | {shape} | - | - | {row['error']} |")
-                continue
-            print(f"| {Path(res['artifact']).name} | {res['streams']} | {shape} | {row['dynamic_texts_per_s']:.1f} | "
-                  f"{row['fixed_texts_per_s']:.1f} | {row['x_dynamic']:.3f} |")
+            head = [Path(res["artifact"]).name, res["streams"], f"{row['batch']} x {row['tokens']}"]
+            rows.append(head + (["-", "-", row["error"]] if "error" in row else
+                                [f"{row['dynamic_texts_per_s']:.1f}", f"{row['fixed_texts_per_s']:.1f}",
+                                 f"{row['x_dynamic']:.3f}"]))
+    print_table("A full batch, dynamic model vs a copy compiled for its shape; ", features,
+                ["artifact", ">streams", "shape", ">dynamic texts/s", ">fixed texts/s", ">x"], rows)
     write_results(args, "fixed-shape", features, results)
     return 0
 

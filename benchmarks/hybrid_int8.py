@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_artifact_timing_args, progress_printer, write_results  # noqa: E402
+from common import add_artifact_timing_args, print_table, progress_printer, write_results  # noqa: E402
 
 GROUP = 32  # channels per dynamic activation scale: the int8-dynamic candidate's
 
@@ -144,15 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         res["x_parent"] = res["texts_per_s"] / first
         res["rounds"] = rates[res["variant"]]
     features = cpu_features()
-    print(f"\nStatic int8 with its float-kept MatMuls as OpenVINO dynamic int8 ({args.batch} x {args.tokens}, "
-          f"{threads} threads, one stream; cosine vs the parent on {len(texts)} texts alone); CPU features: "
-          f"{', '.join(sorted(features)) or 'none reported'}")
-    print("| variant | int8 MatMuls | cos min | cos mean | texts/s | x parent |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for res in results:
-        count = "-" if res["int8_matmuls"] is None else res["int8_matmuls"]
-        print(f"| {res['variant']} | {count} | {res['cos_min']:.5f} | {res['cos_mean']:.6f} | "
-              f"{res['texts_per_s']:.1f} | {res['x_parent']:.2f} |")
+    rows = [[res["variant"], "-" if res["int8_matmuls"] is None else res["int8_matmuls"], f"{res['cos_min']:.5f}",
+             f"{res['cos_mean']:.6f}", f"{res['texts_per_s']:.1f}", f"{res['x_parent']:.2f}"] for res in results]
+    print_table(f"Static int8 with its float-kept MatMuls as OpenVINO dynamic int8 ({args.batch} x {args.tokens}, "
+                f"{threads} threads, one stream; cosine vs the parent on {len(texts)} texts alone); ", features,
+                ["variant", ">int8 MatMuls", ">cos min", ">cos mean", ">texts/s", ">x parent"], rows)
     write_results(args, "hybrid-int8", features, [{"static": args.static, "parent": args.parent,
                                                    "kept_float": sorted(kept), "variants": results}])
     return 0

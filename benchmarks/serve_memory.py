@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from common import write_results  # noqa: E402
+from common import print_table, write_results  # noqa: E402
 from peers import long_texts  # noqa: E402
 from serve_load import stop_server, wait_until_healthy  # noqa: E402
 
@@ -106,17 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bertopt-serve-memory-") as logs:
         results = [measure(a, args, Path(logs), say) for a in args.artifacts]
     features = cpu_features()
-    print(f"\nOne server worker's memory (VmRSS) and request time, long texts cut to the window; CPU features: "
-          f"{', '.join(sorted(features)) or 'none reported'}")
-    print("| artifact | runtime options | phase | first s | steady s | workers GB | server GB |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    rows = []
     for res in results:
         options = ", ".join(f"{k}={v}" for k, v in res["runtime_options"].items()) or "-"
         for p in res["phases"]:
-            first = f"{p['first_s']:.2f}" if "first_s" in p else "-"
-            steady = f"{p['steady_s']:.2f}" if "steady_s" in p else "-"
-            print(f"| {Path(res['artifact']).name} | {options} | {p['phase']} | {first} | {steady} | "
-                  f"{p['workers_gb']:.3f} | {p['server_gb']:.3f} |")
+            rows.append([Path(res["artifact"]).name, options, p["phase"],
+                         f"{p['first_s']:.2f}" if "first_s" in p else "-",
+                         f"{p['steady_s']:.2f}" if "steady_s" in p else "-",
+                         f"{p['workers_gb']:.3f}", f"{p['server_gb']:.3f}"])
+    print_table("One server worker's memory (VmRSS) and request time, long texts cut to the window; ", features,
+                ["artifact", "runtime options", "phase", ">first s", ">steady s", ">workers GB", ">server GB"], rows)
     write_results(args, "serve-memory", features, results)
     return 0
 
