@@ -348,29 +348,29 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return {**found, "on": setting == "on", "why": f"--static-full-batch {setting}"}
     session = fixed_shape_session(model, threads)
     dynamic = session.dynamic
-    rate = FullBatchTimer(session, batch, tokens)
+    full = FullBatchTimer(session, batch, tokens)
     probe_rows = int(batch) // STATIC_FULL_BATCH_PROBE_PART
-    timer = FullBatchTimer(session, probe_rows, tokens) if probe_rows >= 1 else rate
-    timer(dynamic)  # first runs allocate and pick kernels
-    seconds = batch / timer(dynamic)
+    probe = FullBatchTimer(session, probe_rows, tokens) if probe_rows >= 1 else full
+    probe(dynamic)  # first runs allocate and pick kernels
+    seconds = batch / probe(dynamic)
     if seconds > STATIC_FULL_BATCH_MAX_BATCH_S:
         # judged on an eighth of the batch: a big model is left off without timing a whole batch (MPNet f32: 9 s)
         bound = f"> {STATIC_FULL_BATCH_MAX_BATCH_S:g} s"
-        took = (f"would take about {seconds:.2f} s (timed on {probe_rows} texts; {bound})" if timer is not rate
+        took = (f"would take about {seconds:.2f} s (timed on {probe_rows} texts; {bound})" if probe is not full
                 else f"takes {seconds:.2f} s ({bound})")
         return {**found, "on": False, "dynamic_texts_per_s": round(batch / seconds, 1),
                 "why": f"a full batch {took}: compute-bound, where a fixed shape gains nothing to pay for its memory; "
                        "not measured"}
-    if timer is not rate:
-        rate(dynamic)  # the full shape's first run
+    if probe is not full:
+        full(dynamic)  # the full shape's first run
     fixed = session.fixed_shapes.executable((int(batch), tokens))
     if fixed is None:
         return {**found, "on": False, "why": "OpenVINO could not compile the model for that shape: "
                                             + session.fixed_shapes.failed[(int(batch), tokens)]}
-    rate(fixed)
+    full(fixed)
     # a slow batch gets fewer rounds: the measurement stays a few seconds of a stage (tune builds several)
     rounds = max(1, min(rounds, int(STATIC_FULL_BATCH_TIMING_S / (2 * seconds))))
-    timed = rate.interleaved({"dynamic": dynamic, "fixed": fixed}, rounds)
+    timed = full.interleaved({"dynamic": dynamic, "fixed": fixed}, rounds)
     dyn, fix = float(np.median(timed["dynamic"])), float(np.median(timed["fixed"]))
     on = fix >= STATIC_FULL_BATCH_MIN_GAIN * dyn
     return {**found, "on": on, "dynamic_texts_per_s": round(dyn, 1), "static_texts_per_s": round(fix, 1),
