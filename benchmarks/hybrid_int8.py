@@ -1,4 +1,4 @@
-"""A static int8 artifact whose float-kept MatMuls run OpenVINO's dynamic int8 instead: measured, not built.
+"""A static int8 artifact with its float-kept MatMuls as OpenVINO dynamic int8, side by side with the float form.
 
     .venv/bin/python benchmarks/hybrid_int8.py STATIC_INT8_ART PARENT_ART [--dynamic ART] [--rounds 5]
 
@@ -7,7 +7,9 @@ FFN outputs by design and those its ranked search restores to meet the accuracy 
 This probe gives those weight MatMuls int8 weights (per output channel, symmetric, rounded to nearest) and compiles
 with OpenVINO's per-token dynamic activation quantisation (``DYNAMIC_QUANTIZATION_GROUP_SIZE=32``), so they run
 int8 kernels with a scale per token and group of 32 channels, while the static ones keep their calibrated scales.
-Variants: the parent (float), the static int8 as built, the hybrid (restored MatMuls dynamic int8), the hybrid with
+The stage builds the first hybrid itself (``--restored-matmuls int8-dynamic``, the default on a VNNI / AMX CPU);
+give this probe an artifact built with ``--restored-matmuls float`` to see both forms of the same search. Variants:
+the parent (float), the static int8 as built, the hybrid (restored MatMuls dynamic int8), the hybrid with
 the FFN outputs dynamic int8 too, and ``--dynamic`` (an ``int8-dynamic --runtime openvino`` artifact). For each:
 cosine min / mean of the primary output against the parent on built-in text (each text alone), and texts/s on a
 padded batch (``--batch`` x ``--tokens``), one stream, rounds interleaved, medians. Prints a table naming the CPU's
@@ -95,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     # the static int8's own setting (the runtime turns OpenVINO's fused int8 attention off where it is wrong)
     from bertopt.runtime.openvino_backend import int8_attention_fusion_is_wrong_here
 
-    fq = {**base, **({"SNIPPETS_MODE": "DISABLE"} if int8_attention_fusion_is_wrong_here(
-        static_art.manifest.get("runtime_options") or {}) else {})}
+    options = static_art.manifest.get("runtime_options") or {}
+    fq = {**base, **({"SNIPPETS_MODE": "DISABLE"} if int8_attention_fusion_is_wrong_here(options) else {})}
+    if options.get("dynamic_quantization_group_size") is not None:  # built with --restored-matmuls int8-dynamic
+        fq["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int(options["dynamic_quantization_group_size"])
     hybrid, n_hybrid = with_int8_weights(static, set(int8), ffn_out)
     hybrid_ffn, n_ffn = with_int8_weights(static, set(int8), None)
     variants = {"parent (float)": (core.read_model(str(parent.model_path)), base, 0),

@@ -59,6 +59,13 @@ def test_every_family_builds_keeps_ffn_outputs_float_and_meets_its_target(family
     assert len(ffn_out) == 2 and report["ignored_scope"] == sorted(ffn_out), (family, report["ignored_scope"])
     assert set(ffn_out) <= set(report["kept_float_nodes"])
     assert report["quantized_nodes"] > 0
+    from bertopt.machine import has_int8_dot_product
+
+    mode = report["restored_matmuls"]["mode"]
+    assert mode == ("int8-dynamic" if has_int8_dot_product() else "float")
+    assert set(report["dynamic_int8_nodes"]) <= set(report["restored_matmuls"]["nodes"])
+    assert ("dynamic_quantization_group_size" in loaded.manifest["runtime_options"]) == \
+        bool(report["dynamic_int8_nodes"])
     held = report["held_back"]  # measured on calibration text it did not calibrate on, alone and batched
     assert held["cos_min_alone"] >= 0.99 and held["cos_min_batched"] >= 0.99, held
     assert held["batch_dev"] <= BATCH_DEV_MAX
@@ -107,12 +114,24 @@ def test_unreachable_target_is_refused_not_shipped(tiny_onnx, tmp_path):
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
 
 
+def _int8_constants_above(node, depth=3) -> list[str]:
+    """The int8 constants a MatMul input is computed from (NNCF's compressed weights: Convert, Multiply)."""
+    import openvino as ov
+
+    if node.get_type_name() == "Constant":
+        return [node.get_friendly_name()] if node.get_element_type() == ov.Type.i8 else []
+    if depth == 0 or node.get_type_name() == "MatMul":
+        return []
+    return [c for i in range(node.get_input_size())
+            for c in _int8_constants_above(node.input_value(i).get_node(), depth - 1)]
+
+
 def test_ranked_search_puts_matmuls_back_to_float_until_the_target_holds(tiny_onnx, tmp_path, monkeypatch):
     # without the FFN outputs in float the tiny model misses 0.999 at first: the search ranks every int8 MatMul
     # once and restores them in that order, bounded; what it restored is reported and really runs float
     monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path / "cache"))
     art = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False,
-                                            "max_float_extra": 16}, tmp_path / "s8")
+                                            "max_float_extra": 16, "restored_matmuls": "float"}, tmp_path / "s8")
     report = art.manifest["lineage"]["report"]
     search = report["search"]
     assert report["ignored_scope"] == []
@@ -128,22 +147,63 @@ def test_ranked_search_puts_matmuls_back_to_float_until_the_target_holds(tiny_on
     # float MatMul rather than decompressing its weights on every call
     import openvino as ov
 
-    def int8_constants_above(node, depth=3) -> list[str]:
-        if node.get_type_name() == "Constant":
-            return [node.get_friendly_name()] if node.get_element_type() == ov.Type.i8 else []
-        if depth == 0 or node.get_type_name() == "MatMul":
-            return []
-        return [c for i in range(node.get_input_size()) for c in int8_constants_above(node.input_value(i).get_node(),
-                                                                                       depth - 1)]
-
     ops = {op.get_friendly_name(): op for op in ov.Core().read_model(str(art.model_path)).get_ordered_ops()}
     weights = [ops[name].input_value(i).get_node() for name in search["restored"] for i in range(2)]
     assert any(w.get_type_name() == "Constant" and w.get_element_type() == ov.Type.f32 for w in weights)
-    assert not [c for w in weights for c in int8_constants_above(w)]
+    assert not [c for w in weights for c in _int8_constants_above(w)]
+    assert report["restored_matmuls"] == {"mode": "float", "requested": "float", "nodes": search["restored"]}
+    assert report["dynamic_int8_nodes"] == []
+    assert "dynamic_quantization_group_size" not in art.manifest["runtime_options"]
     # the search compiles every candidate once: none of them lands in OpenVINO's blob cache (MPNet's search once
     # wrote tens of GB there); what is cached is what the writer's check opened, the artifacts themselves
     assert len(search["ranking"]) + len(search["steps"]) > 2
     assert len(list((tmp_path / "cache").rglob("*.blob"))) <= 2
+
+
+def test_restored_matmuls_run_as_dynamic_int8(tiny_onnx, tmp_path):
+    # --restored-matmuls int8-dynamic: a weight MatMul the search takes out of static int8 keeps NNCF's int8
+    # weights and runs with OpenVINO's per-token dynamic quantisation (the manifest says so, so every Predictor
+    # compiles it that way); the search measured that form, and the artifact holds the target it measured. Without
+    # VNNI / AMX OpenVINO computes those MatMuls with float activations (it has no dynamic int8 there): the same
+    # artifact, measured as this machine runs it
+    import openvino as ov
+
+    from bertopt.stages.quantize.nncf_int8 import int8_matmuls
+
+    art = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False,
+                                            "max_float_extra": 16, "restored_matmuls": "int8-dynamic"},
+                    tmp_path / "s8")
+    loaded = Artifact.load(art.path)
+    report = loaded.manifest["lineage"]["report"]
+    restored = report["restored_matmuls"]["nodes"]
+    assert report["restored_matmuls"]["mode"] == "int8-dynamic" and restored == report["search"]["restored"]
+    # the restored weight MatMuls run dynamic int8; a restored attention product (no weights) runs float
+    dynamic = report["dynamic_int8_nodes"]
+    assert dynamic and set(dynamic) <= set(restored), restored
+    assert not set(dynamic) & set(report["kept_float_nodes"])
+    assert set(restored) <= set(dynamic) | set(report["kept_float_nodes"])
+    assert loaded.manifest["runtime_options"]["dynamic_quantization_group_size"] == 32
+    assert report["held_back"]["cos_min"] >= 0.999 and report["held_back"]["batch_dev"] <= BATCH_DEV_MAX
+    # each of them reads int8 weights, and activations no FakeQuantize touches
+    model = ov.Core().read_model(str(loaded.model_path))
+    int8, kept = int8_matmuls(model)
+    assert set(restored) <= set(kept) and report["quantized_nodes"] == len(int8)
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    assert all(_int8_constants_above(ops[name].input_value(1).get_node()) for name in dynamic)
+    # what is served is what was measured: a text alone as inside a batch, the parent's meaning kept
+    got = Predictor(loaded).encode(TEXTS)
+    assert (1.0 - cosine_rows(Predictor(loaded, batch_size=1).encode(TEXTS), got)).max() <= BATCH_DEV_MAX
+    assert cosine_rows(got, Predictor(tiny_onnx).encode(TEXTS)).min() >= FLOOR
+
+
+def test_restored_matmuls_auto_is_dynamic_int8_where_the_cpu_has_an_int8_dot_product(monkeypatch):
+    from bertopt.stages.quantize import nncf_int8
+
+    monkeypatch.setattr("bertopt.machine.cpu_features", lambda: {"avx2", "avx512f", "avx512_vnni"})
+    assert nncf_int8.restored_mode({"restored_matmuls": "auto"}) == "int8-dynamic"
+    monkeypatch.setattr("bertopt.machine.cpu_features", lambda: {"avx2"})
+    assert nncf_int8.restored_mode({}) == "float"
+    assert nncf_int8.restored_mode({"restored_matmuls": "int8-dynamic"}) == "int8-dynamic"
 
 
 def test_a_prefix_refused_on_the_ranking_texts_is_the_decision_the_full_measurement_makes(tiny_onnx, tmp_path,

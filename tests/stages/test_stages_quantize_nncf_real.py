@@ -33,6 +33,11 @@ def test_static_int8_passes_the_gate_on_minilm(tmp_path, cli):
     report = art.manifest["lineage"]["report"]
     assert report["quantized_nodes"] > 0 and report["held_back"]["cos_min"] >= 0.997
     assert max(report["held_back"]["batch_dev_by_output"].values()) <= 1e-3  # every output, token states too
+    # what the search took out of static int8 runs as dynamic int8 here (an int8 dot product): the weight MatMuls
+    # among them (MiniLM: about 13 of 22, the rest attention products), compiled so by every Predictor
+    assert report["restored_matmuls"]["mode"] == "int8-dynamic"
+    if report["restored_matmuls"]["nodes"]:
+        assert report["dynamic_int8_nodes"] and art.manifest["runtime_options"]["dynamic_quantization_group_size"] == 32
 
 
 def test_mpnet_static_int8_holds_every_output_or_says_which_it_cannot(tmp_path, cli):

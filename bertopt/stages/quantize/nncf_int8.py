@@ -19,6 +19,15 @@ at most ``--max-float-extra``, until the target holds; if it never does, the sta
 MatMul put back this way keeps its int8 weights (per channel) and its SmoothQuant scaling on both sides, so it is
 the same function in float activations (NNCF's own accuracy control restores the original weight while the
 smoothing of its input stays, which is why it is not used: docs/quantization.md).
+
+How a restored MatMul then runs is ``--restored-matmuls``: ``int8-dynamic`` keeps its int8 weights as NNCF stored
+them and has OpenVINO quantise its activations per token and group of 32 channels as each batch runs (dynamic
+quantisation, batch-invariant: a token's scale is its own), ``float`` stores its weights decompressed. ``auto``
+(the default) is int8-dynamic where the CPU has an int8 dot product and float elsewhere: OpenVINO runs no dynamic
+quantisation without VNNI / AMX (on an AVX2-only EPYC the outputs with and without it were bit-identical, and its
+int8-weight MatMuls ran at 0.88-0.94x float ones), while with VNNI / AMX kernels MiniLM's static int8 ran at 1.11x
+its float-restored form at the same fidelity (docs/performance.md). The search measures the form it builds: every
+candidate is compiled with the dynamic quantisation the artifact will run with.
 """
 
 from __future__ import annotations
@@ -51,16 +60,24 @@ PRESETS = ("mixed", "performance")
 # per-channel int8 weights alone cost cosine 0.995 on MiniLM; 0.5 balances them (0.9986 with weights only int8)
 SMOOTH_ALPHA = 0.5
 _DEFAULT_OP_TYPES = ["MatMul", "Attention", "Gemm"]
+RESTORED_MODES = ("auto", "int8-dynamic", "float")
+DYNAMIC_GROUP = 32  # channels per dynamic activation scale of a restored MatMul: the int8-dynamic method's default
 
 # this method's own parameter group
 NNCF_PARAMS = (
-    Param("nncf_preset", str, "mixed", "int8-static --runtime openvino: NNCF's preset: mixed (symmetric weights, "
+    Param("nncf_preset", str, "mixed", "NNCF's preset: mixed (symmetric weights, "
           "asymmetric activations: more faithful after GELU / softmax) or performance (symmetric both).",
           choices=PRESETS),
     KEEP_FFN_OUTPUT,
-    Param("max_float_extra", int, 48, "int8-static --runtime openvino: at most this many more MatMuls the ranked "
+    Param("max_float_extra", int, 48, "At most this many more MatMuls the ranked "
           "search may put back to float activations when the measured cosine misses the target (0: none; the "
           "stage then refuses rather than ship an unfaithful model).", min=0),
+    Param("restored_matmuls", str, "auto", "How the MatMuls the ranked search takes "
+          "out of static int8 run. int8-dynamic: int8 weights, activations quantised per token and group of "
+          f"{DYNAMIC_GROUP} channels as each batch runs (OpenVINO's dynamic quantisation; 1.11x the float form at "
+          "the same fidelity on MiniLM with VNNI / AMX kernels); float: weights decompressed once. auto: "
+          "int8-dynamic where the CPU has an int8 dot product (VNNI / AMX), float elsewhere (OpenVINO has no dynamic "
+          "int8 there).", choices=RESTORED_MODES),
 )
 
 
@@ -72,10 +89,24 @@ def check_config(config: dict[str, Any]) -> None:
                         "MatMuls its transformer patterns allow); keep MatMuls in float with --exclude-nodes")
 
 
-def runtime_options(config: dict[str, Any]) -> dict[str, Any]:
+def restored_mode(config: dict[str, Any]) -> str:
+    """``--restored-matmuls`` resolved for this machine: int8-dynamic or float."""
+    mode = config.get("restored_matmuls") or "auto"
+    if mode != "auto":
+        return mode
+    from bertopt.machine import has_int8_dot_product
+
+    return "int8-dynamic" if has_int8_dot_product() else "float"
+
+
+def runtime_options(config: dict[str, Any], dynamic: bool = False) -> dict[str, Any]:
     """The manifest's ``runtime_options``: int8 MatMuls from the IR's FakeQuantize pairs, the float rest in
-    ``--inference-precision``."""
-    return {"inference_precision": config["inference_precision"], "performance_hint": "LATENCY"}
+    ``--inference-precision``; ``dynamic``: MatMuls with int8 weights and float activations (the restored ones)
+    quantise their activations per token as they run."""
+    options = {"inference_precision": config["inference_precision"], "performance_hint": "LATENCY"}
+    if dynamic:
+        options["dynamic_quantization_group_size"] = DYNAMIC_GROUP
+    return options
 
 
 def split_texts(config: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -163,12 +194,19 @@ def _decompressed_weight(node) -> np.ndarray | None:
     return (weight * scale.get_data().astype(np.float32)).astype(np.float32)
 
 
-def to_float_activations(ov_model, names: set[str]):
+def _reads_int8_weights(op) -> bool:
+    """Whether the MatMul ``op`` has an input that is NNCF's compressed int8 weight."""
+    return any(_decompressed_weight(op.input_value(i).get_node()) is not None for i in range(op.get_input_size()))
+
+
+def to_float_activations(ov_model, names: set[str], keep_int8_weights: bool = False):
     """A copy of ``ov_model`` whose MatMuls ``names`` read their activations unquantised (the FakeQuantize is
     bypassed for that MatMul only: a quantiser shared with Q / K / V stays for the others). Their int8 weights are
-    stored decompressed, the same values: OpenVINO runs a MatMul with float activations and int8 weights as a
-    weight-compressed FullyConnected that decompresses its weights on every call (on an AMX Xeon, 14 such MatMuls
-    of MiniLM took 1.5x the time of the same MatMuls with float weights)."""
+    stored decompressed, the same values, unless ``keep_int8_weights`` (the model is then run with dynamic
+    quantisation, which makes such a MatMul int8 again with per-token scales): without it OpenVINO runs a MatMul
+    with float activations and int8 weights as a weight-compressed FullyConnected that decompresses its weights on
+    every call (on an AMX Xeon, 14 such MatMuls of MiniLM took 1.5x the time of the same MatMuls with float
+    weights)."""
     from openvino import op as ov_op
 
     model = ov_model.clone()
@@ -176,7 +214,7 @@ def to_float_activations(ov_model, names: set[str]):
         if op.get_type_name() == "MatMul" and op.get_friendly_name() in names:
             for node, port in _activation_fqs(op):
                 node.input(port).replace_source_output(node.input_value(port).get_node().input_value(0))
-            for port in range(op.get_input_size()):
+            for port in range(op.get_input_size() if not keep_int8_weights else 0):
                 weight = _decompressed_weight(op.input_value(port).get_node())
                 if weight is not None:
                     op.input(port).replace_source_output(ov_op.Constant(weight).output(0))
@@ -200,7 +238,7 @@ class HeldBackMeter:
     vs inside a batch), as the release gate bounds them: MPNet's sentence embedding held 1e-3 where its token
     states moved 1.7e-3, and a meter that watched the primary output alone shipped what tune's gate refused."""
 
-    def __init__(self, art, texts: list[str], config: dict[str, Any], core):
+    def __init__(self, art, texts: list[str], config: dict[str, Any], core, dynamic: bool = False):
         from bertopt.runtime import Predictor
         from bertopt.runtime.backends import default_threads
         from bertopt.runtime.openvino_backend import compile_config
@@ -226,8 +264,10 @@ class HeldBackMeter:
         threads = config.get("threads") or default_threads()
         # no blob cache: every candidate of the search is a model compiled once (cached, MPNet's search alone wrote
         # tens of GB of blobs nobody loads again)
-        # every candidate is static int8: compiled as the runtime will compile the artifact
-        self.config = compile_config({**runtime_options(config), "cache": False}, threads, static_int8=True)
+        # every candidate is static int8: compiled as the runtime will compile the artifact (``dynamic``: with the
+        # dynamic quantisation its restored MatMuls run with)
+        self.config = compile_config({**runtime_options(config, dynamic), "cache": False}, threads, static_int8=True)
+        self.keep_int8_weights = dynamic
 
     def _row(self, name: str, out: np.ndarray, j: int, r: int) -> np.ndarray:
         return out[j, : self.lengths[r]] if self.token_level[name] else out[j]
@@ -317,7 +357,7 @@ def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int,
     from nncf.common.logging.track_progress import track
 
     def compiled_without(name: str):
-        return meter.compile(to_float_activations(quantized, {name}))
+        return meter.compile(to_float_activations(quantized, {name}, meter.keep_int8_weights))
 
     # the next candidate compiles while this one runs (compiling is most of a small model's step, and mostly
     # one thread): MPNet's 72 steps took 103 s one after the other
@@ -337,7 +377,7 @@ def rank_and_restore(quantized, meter: HeldBackMeter, target: float, bound: int,
     tried: dict[int, Any] = {}
 
     def attempt(k: int) -> bool:
-        model = to_float_activations(quantized, set(order[:k]))
+        model = to_float_activations(quantized, set(order[:k]), meter.keep_int8_weights)
         compiled = meter.compile(model)
         if k < len(order) and meter.quick_bounds_full:
             # the texts the ranking measured first: where they miss the target, the whole held-back set does
@@ -397,7 +437,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     # a fixed per-tensor scale meets the FFN outputs' GELU-fed inputs: float unless --no-keep-ffn-output
     ffn_out = ffn_output_names(art, matmuls) if config.get("keep_ffn_output") is not False else []
     ignored = sorted(set(ffn_out) | set(config.get("exclude_nodes") or []))
-    meter = HeldBackMeter(art, held, config, core)
+    restored_as = restored_mode(config)
+    meter = HeldBackMeter(art, held, config, core, dynamic=restored_as == "int8-dynamic")
     from bertopt.stages.quantize.calibration import sentence_feeds
 
     encodings = sentence_feeds(art, calib, config.get("threads"))  # one sentence each: no padding in a statistic
@@ -440,18 +481,26 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
                 f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more "
-                f"MatMuls in float, the bound); raise --max-float-extra, relax --accuracy-target, or use --mode "
-                "int8-dynamic --runtime openvino")
+                f"MatMuls in {'dynamic int8' if meter.keep_int8_weights else 'float'}, the bound); raise "
+                "--max-float-extra, relax --accuracy-target, "
+                + ("or --restored-matmuls float; " if meter.keep_int8_weights else "or ")
+                + "use --mode int8-dynamic --runtime openvino")
         model, measured = found
     build_s = time.perf_counter() - t0
     int8_ops, float_ops = int8_matmuls(model)
+    # a restored weight MatMul runs dynamic int8; a restored activation x activation one (attention's scores and
+    # context) has no weights to be int8 and runs float
+    dynamic_ops = sorted(op.get_friendly_name() for op in model.get_ordered_ops()
+                         if op.get_friendly_name() in search["restored"] and _reads_int8_weights(op)
+                         ) if restored_as == "int8-dynamic" else []
+    float_ops = [n for n in float_ops if n not in dynamic_ops]
     if not int8_ops:
         raise UserError(f"static int8 left no MatMul of {art.path} in int8; use --mode int8-dynamic --runtime "
                         "openvino or compile --inference-precision bf16")
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)
         w.runtime = "openvino"
-        w.extra["runtime_options"] = runtime_options(config)
+        w.extra["runtime_options"] = runtime_options(config, dynamic=bool(dynamic_ops))
         # keep float weights float (save_model would store them fp16 by default); writes model.xml + model.bin
         ov.save_model(model, str(w.dir / MODEL_FILE), compress_to_fp16=False)
         w.set_model(MODEL_FILE, MODEL_FORMAT, art.inputs, art.outputs,
@@ -467,8 +516,12 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
                        if overflow_fix == OverflowFix.ENABLE else "int8, full range",
             "after": {"ops": dict(Counter(op.get_type_name() for op in model.get_ops()).most_common())},
             "quantized_nodes": len(int8_ops), "kept_float_nodes": sorted(float_ops),
-            "ignored_scope": ignored, "restored_to_float": search["restored"],
-            "activations": "int8, static (per-tensor scales calibrated on text)",
+            "dynamic_int8_nodes": dynamic_ops, "ignored_scope": ignored,
+            "restored_matmuls": {"mode": restored_as, "requested": config.get("restored_matmuls") or "auto",
+                                 "nodes": search["restored"]},
+            "activations": "int8, static (per-tensor scales calibrated on text)" + (
+                f"; the {len(dynamic_ops)} restored MatMuls' int8 per token and group of {DYNAMIC_GROUP} channels, "
+                "quantised as each batch runs" if dynamic_ops else ""),
             "calibration": {"texts": len(calib), "held_back": len(held),
                             "source": config.get("calibration_data") or "builtin calibration text"},
             "held_back": {"target": f"cos_min>={target:g},batch_dev<={BATCH_DEV_MAX:g}",
