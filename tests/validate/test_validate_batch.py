@@ -37,6 +37,24 @@ def test_batch_deviation_separates_float_from_dynamic_int8(tiny_onnx, tiny_int8)
     assert set(int8["outputs"]["sentence_embedding"]["by_batch_size"]) == {"1", "7", "32", f"32x{window}"}
 
 
+def test_a_full_batch_shape_already_run_is_measured_once(tiny_int8):
+    # with a 16-token window every mixed batch of 32 probes is 32 x 16, the full batch's shape: the full batch is
+    # not run a third time, and its key reports what those batches measured
+    predictor = Predictor(tiny_int8, max_seq_len=16)
+    shapes = []
+    run_batch = predictor.run_batch
+
+    def counted(feeds, outputs=None):
+        shapes.append(next(iter(feeds.values())).shape)
+        return run_batch(feeds, outputs)
+
+    predictor.run_batch = counted
+    found = batch_deviation(predictor, corpus()[:96])
+    assert found["full_batches"] == [[32, 16]] and shapes.count((32, 16)) == 2, shapes
+    by_size = found["outputs"]["sentence_embedding"]["by_batch_size"]
+    assert by_size["32x16"] == by_size["32"] > 0  # the dynamic int8 moves with its neighbours at that shape
+
+
 def test_validate_reports_records_and_gates_batch_dev(cli, tiny_int8, tiny_onnx, tmp_path):
     # a bound 10x above float rounding (fp32 < 1e-6 above); the per-tensor int8 measured 1.6e-4 with VNNI, more on AVX2
     code, out, err = cli("validate", tiny_int8.path, "--targets", "cos_min=0.5,batch_dev<=1e-5", "--report-dir",
