@@ -214,7 +214,9 @@ def to_float_activations(ov_model, names: set[str], keep_int8_weights: bool = Fa
         if op.get_type_name() == "MatMul" and op.get_friendly_name() in names:
             for node, port in _activation_fqs(op):
                 node.input(port).replace_source_output(node.input_value(port).get_node().input_value(0))
-            for port in range(op.get_input_size() if not keep_int8_weights else 0):
+            if keep_int8_weights:
+                continue
+            for port in range(op.get_input_size()):
                 weight = _decompressed_weight(op.input_value(port).get_node())
                 if weight is not None:
                     op.input(port).replace_source_output(ov_op.Constant(weight).output(0))
