@@ -480,13 +480,13 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
         search = {"ranking": ranking, "steps": steps, "restored": restored}
         if found is None:
             last = steps[-1] if steps else measured
+            restored_as_words, also = (("dynamic int8", "try --restored-matmuls float, ") if meter.keep_int8_weights
+                                       else ("float", ""))
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
-                f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more "
-                f"MatMuls in {'dynamic int8' if meter.keep_int8_weights else 'float'}, the bound); raise "
-                "--max-float-extra, relax --accuracy-target, "
-                + ("or --restored-matmuls float; " if meter.keep_int8_weights else "or ")
-                + "use --mode int8-dynamic --runtime openvino")
+                f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more MatMuls in "
+                f"{restored_as_words}, the bound); raise --max-float-extra, relax --accuracy-target, {also}or use "
+                "--mode int8-dynamic --runtime openvino")
         model, measured = found
     build_s = time.perf_counter() - t0
     int8_ops, float_ops = int8_matmuls(model)
