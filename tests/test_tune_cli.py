@@ -4,6 +4,7 @@ half-written artifact, bad options are one line and exit 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -104,6 +105,12 @@ def test_budget_spent_keeps_the_first_passing_candidate(tiny_model, tmp_path, cl
     assert winner["runtime_options"] == Artifact.load(out).manifest["runtime_options"]
     assert winner["static_full_batch"]["setting"] == "auto"
     assert winner["runtime_options"]["static_full_batch"] == winner["static_full_batch"]["on"]
+    # a candidate that passed in batches is run alone too; the manifest keeps the batched run's record (the run
+    # that measured the batch deviation served texts are held to), not the later one alone
+    gates = tmp_path / "tuned-report" / "candidates" / "openvino-f32"
+    assert (gates / "alone" / "validation.json").is_file() and winner["cos_min_alone"] >= 0.995
+    validation = Artifact.load(out).manifest["validation"]
+    assert Path(validation["gate"]["report_dir"]).name == "batched" and validation["batch_invariance"]["texts"] > 0
     check_reports(tmp_path / "tuned-report", record)
 
 
@@ -150,6 +157,13 @@ def test_no_passing_candidate_exits_1_and_writes_no_artifact(tiny_model, tmp_pat
     assert "openvino-f32: failed the gate: max_abs" in stdout
     report = (tmp_path / "tuned-report" / "tune.md").read_text()
     assert "Winner: **none**" in report and "| openvino-f32 | failed |" in report
+    # the batched run (batch invariance included) goes first; a candidate that fails it is not run alone
+    record = json.loads((tmp_path / "tuned-report" / "tune.json").read_text())
+    for c in record["candidates"]:
+        gates = tmp_path / "tuned-report" / "candidates" / c["name"]
+        assert (gates / "batched" / "validation.json").is_file() and not (gates / "alone").exists(), c["name"]
+        assert "cos_min_batched" in c and "batch_dev" in c and "cos_min_alone" not in c
+        assert c["reason"].endswith("not run alone: it failed in batches")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -317,20 +317,22 @@ def gate_checks(plan: GatePlan, names: list[str], metrics: dict[str, float], spa
 
 
 def validate_artifact(artifact, config: dict[str, Any] | None, report_dir, raise_on_fail: bool = True,
-                      console=None, reference=None) -> dict[str, Any]:
+                      console=None, reference=None, record: bool = True) -> dict[str, Any]:
     """Gate ``artifact`` against its reference with thresholds from ``config`` (``VALIDATE_PARAMS``; without
     targets, ``DEFAULT_TARGETS`` for the kind of the primary output). ``reference``: a reference Predictor the
     caller already opened (``bertopt tune`` gates every candidate against one), instead of ``config['reference']``
-    or the lineage's source."""
+    or the lineage's source. ``record=False``: reports only, the manifest's ``validation`` left as it is (tune's
+    second run of a candidate, so the manifest keeps the run that measured batch invariance)."""
     from bertopt.output_paths import output_lock
 
     t_start = time.perf_counter()
     plan = plan_gate(artifact, config, report_dir)
     with output_lock(plan.report_dir, "--report-dir"):
-        return _run_gate(plan, t_start, raise_on_fail, console, reference)
+        return _run_gate(plan, t_start, raise_on_fail, console, reference, record)
 
 
-def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console, reference=None) -> dict[str, Any]:
+def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console, reference=None,
+              record: bool = True) -> dict[str, Any]:
     artifact, config = plan.artifact, plan.config
 
     status = console.status("[bold]validate[/] loading models ...") if console is not None else nullcontext()
@@ -398,7 +400,8 @@ def _run_gate(plan: GatePlan, t_start: float, raise_on_fail: bool, console, refe
     write_reports(result, distributions, plan.report_dir)
     if console is not None:
         print_summary(result, console)
-    record_gate(artifact, result)
+    if record:
+        record_gate(artifact, result)
     if not passed and raise_on_fail:
         failed = [c["name"] for c in checks if not c["passed"]]
         raise GateFailed(f"{len(failed)} of {len(checks)} checks failed ({'; '.join(failed)}); reports in "
