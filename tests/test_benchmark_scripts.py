@@ -4,6 +4,7 @@ a table and write JSON. The numbers are not checked (speed is noisy); the wiring
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -348,6 +349,28 @@ def test_fixed_shape_script_smoke(tiny_onnx, tmp_path):
     assert onnxruntime.returncode != 0 and "not OpenVINO" in onnxruntime.stderr
     bad = _run("fixed_shape.py", art.path, "--shapes", "big")
     assert bad.returncode != 0 and "is not TEXTSxTOKENS" in bad.stderr
+
+
+def test_gate_cost_script_smoke(tiny_onnx, tmp_path):
+    """benchmarks/gate_cost.py on a tiny OpenVINO artifact with a stream per core: the batch-invariance check timed
+    side by side and one batch at a time, the same figures both ways, the table names the CPU's features."""
+    from bertopt.machine import cpu_features
+    from bertopt.registry import run_stage
+
+    art = run_stage("compile", tiny_onnx, {"runtime": "openvino", "inference_precision": "f32",
+                                           "performance_hint": "THROUGHPUT"}, tmp_path / "twin")
+    out = tmp_path / "gate.json"
+    proc = _run("gate_cost.py", art.path, tiny_onnx.path, "--max-texts", "24", "--rounds", "1", "--threads", "2",
+                "--quiet", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    twin, onnxruntime = data["results"]
+    assert twin["streams"] == min(2, os.cpu_count() or 1) and onnxruntime["streams"] == 1
+    for r in (twin, onnxruntime):
+        assert r["texts"] == 48 and r["probes"] == 48 and r["same_figures"] is True and r["batch_dev"] < 1e-6
+        assert len(r["rounds_s"]["side by side"]) == len(r["rounds_s"]["one at a time"]) == 1
+    assert data["cpu_features"] == sorted(cpu_features()) and "CPU features:" in proc.stdout
+    assert f"| twin | {twin['streams']} | 48 |" in proc.stdout and "| yes |" in proc.stdout
 
 
 @pytest.mark.slow

@@ -52,6 +52,8 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     Returns ``{"batch_dev": worst over outputs, "outputs": {name: {"batch_dev", "by_batch_size": {...}}},
     "texts": probes used, "batch_sizes": [...], "full_batches": [[rows, window], ...]}`` (each full batch's
     deviation is ``by_batch_size`` entry ``"<rows>x<window>"``; ``Predictor.full_batches``)."""
+    from bertopt.runtime.predictor import side_by_side
+
     names = list(outputs or predictor.output_names)
     encodings = predictor.tokenize(texts, pairs)
     idx = probe_indices([len(e.ids) for e in encodings], probes)
@@ -60,56 +62,69 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     if n == 0:
         return {"batch_dev": 0.0, "outputs": {}, "texts": 0, "batch_sizes": list(batch_sizes)}
     longest = max(len(e.ids) for e in probe)
+    # the compositions are independent batches: where the session runs several side by side (OpenVINO's
+    # THROUGHPUT streams, each with its share of the cores) they run that way, as the Predictor runs a call, so a
+    # stream-per-core artifact is not measured one single-threaded batch at a time (values are the same either
+    # way: each batch is one request on one stream)
+    streams = max(1, int(getattr(getattr(predictor, "session", None), "parallel_runs", 1) or 1))
 
-    shapes_run: dict[tuple[int, int], dict[str, float]] = {}  # (rows, padded tokens) -> each output's deviation
-
-    def run(rows: list[int], pad_to: int | None = None) -> tuple[dict[str, list], tuple[int, int]]:
-        """Each output's rows for ``rows`` run as one batch, and the batch's (rows, padded tokens)."""
+    def prepare(rows: list[int], pad_to: int | None = None) -> tuple[list[int], dict, Any, tuple[int, int]]:
+        """``rows`` as one batch: the feeds, each row's length and the batch's (rows, padded tokens)."""
         feeds, lengths = predictor.feeds_for([probe[r] for r in rows], pad_to=pad_to)
-        out = predictor.run_batch(feeds, names)
         shape = tuple(int(x) for x in np.shape(next(iter(feeds.values())))[:2])
-        return {name: [out[name][j, : lengths[j]] if predictor.is_token_level(name) else out[name][j]
-                       for j in range(len(rows))] for name in names}, shape
+        return rows, feeds, lengths, shape
 
-    alone = {name: [None] * n for name in names}
-    for r in range(n):
-        one, _ = run([r])
-        for name in names:
-            alone[name][r] = one[name][0]
+    def run(batch) -> dict[str, list]:
+        """Each output's rows of one prepared batch (token-level outputs trimmed to the real tokens)."""
+        rows, feeds, lengths, _ = batch
+        out = predictor.run_batch(feeds, names)
+        return {name: [out[name][j, : lengths[j]] if predictor.is_token_level(name) else out[name][j]
+                       for j in range(len(rows))] for name in names}
+
+    alone_runs = side_by_side(run, [prepare([r]) for r in range(n)], streams)
+    alone = {name: [one[name][0] for one in alone_runs] for name in names}
+
+    def deviation(batch) -> dict[str, float]:
+        """Each output's largest deviation over the rows of one prepared batch from the same texts alone."""
+        got = run(batch)
+        return {name: max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(batch[0]))
+                for name in names}
 
     rng = np.random.default_rng(seed)
-    worst: dict[str, dict[str, float]] = {name: {} for name in names}
-
-    def measure(key: str, rows: list[int], pad: int | None) -> None:
-        got, shape = run(rows, pad)
-        for name in names:
-            dev = max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(rows))
-            worst[name][key] = max(worst[name].get(key, 0.0), dev)
-            seen = shapes_run.setdefault(shape, {})
-            seen[name] = max(seen.get(name, 0.0), dev)
-
+    compositions: list[tuple[str, tuple]] = []  # (key, prepared batch), in the order the random draws are made
     for size in batch_sizes:
         size = int(size)
         if size == 1:
             # alone again, but padded to the longest probe: padding must not reach a real token
-            compositions = [([r], longest) for r in range(n)]
+            compositions += [(str(size), prepare([r], longest)) for r in range(n)]
         else:
             perm = rng.permutation(n).tolist()
             if n < size:  # too few probes to fill a batch: repeat neighbours so the batch really has `size` rows
                 perm = (perm * (size // n + 1))[:size]
-            compositions = [(perm[s:s + size], None) for s in range(0, len(perm), size)]
-        for rows, pad in compositions:
-            measure(str(size), rows, pad)
+            compositions += [(str(size), prepare(perm[s:s + size])) for s in range(0, len(perm), size)]
     full = [(int(rows), int(tokens)) for rows, tokens in predictor.full_batches]
+    shapes_run = {batch[3] for _, batch in compositions}
+    measured_by_mixed = []
     for rows, tokens in full:
         if (rows, tokens) in shapes_run:
-            # a mixed batch above already was a full batch of this shape (its longest probe at the window): the
+            # a mixed batch above already is a full batch of this shape (its longest probe at the window): the
             # same shape, run the same way, with random neighbours; measured once (a 32 x 256 batch of an f32
             # MiniLM on one AVX2 stream: 3 s of the gate)
-            for name in names:
-                worst[name][f"{rows}x{tokens}"] = shapes_run[(rows, tokens)][name]
+            measured_by_mixed.append((rows, tokens))
             continue
-        measure(f"{rows}x{tokens}", (rng.permutation(n).tolist() * (rows // n + 1))[:rows], tokens)
+        compositions.append((f"{rows}x{tokens}", prepare((rng.permutation(n).tolist() * (rows // n + 1))[:rows],
+                                                         tokens)))
+    found = side_by_side(deviation, [batch for _, batch in compositions], streams)
+    worst: dict[str, dict[str, float]] = {name: {} for name in names}
+    by_shape: dict[tuple[int, int], dict[str, float]] = {}  # (rows, padded tokens) -> each output's deviation
+    for (key, batch), devs in zip(compositions, found):
+        seen = by_shape.setdefault(batch[3], {})
+        for name in names:
+            worst[name][key] = max(worst[name].get(key, 0.0), devs[name])
+            seen[name] = max(seen.get(name, 0.0), devs[name])
+    for rows, tokens in measured_by_mixed:
+        for name in names:
+            worst[name][f"{rows}x{tokens}"] = by_shape[(rows, tokens)][name]
     per_output = {name: {"batch_dev": max(w.values(), default=0.0), "by_batch_size": w}
                   for name, w in worst.items()}
     return {"batch_dev": max((p["batch_dev"] for p in per_output.values()), default=0.0),
