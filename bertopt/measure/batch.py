@@ -18,7 +18,7 @@ float rounding.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -42,6 +42,15 @@ def _row_deviation(a: np.ndarray, b: np.ndarray) -> float:
     if a.ndim == 1:
         a, b = a[None], b[None]
     return float(np.max(1.0 - cosine_rows(a, b))) if len(a) else 0.0
+
+
+class _Batch(NamedTuple):
+    """One composition ready to run: probe indices, the feeds, each row's length, (rows, padded tokens)."""
+
+    rows: list[int]
+    feeds: dict[str, np.ndarray]
+    lengths: np.ndarray
+    shape: tuple[int, int]
 
 
 def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None = None,
@@ -68,30 +77,28 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     # way: each batch is one request on one stream)
     streams = max(1, int(getattr(getattr(predictor, "session", None), "parallel_runs", 1) or 1))
 
-    def prepare(rows: list[int], pad_to: int | None = None) -> tuple[list[int], dict, Any, tuple[int, int]]:
-        """``rows`` as one batch: the feeds, each row's length and the batch's (rows, padded tokens)."""
+    def prepare(rows: list[int], pad_to: int | None = None) -> _Batch:
         feeds, lengths = predictor.feeds_for([probe[r] for r in rows], pad_to=pad_to)
         shape = tuple(int(x) for x in np.shape(next(iter(feeds.values())))[:2])
-        return rows, feeds, lengths, shape
+        return _Batch(rows, feeds, lengths, shape)
 
-    def run(batch) -> dict[str, list]:
+    def run(batch: _Batch) -> dict[str, list]:
         """Each output's rows of one prepared batch (token-level outputs trimmed to the real tokens)."""
-        rows, feeds, lengths, _ = batch
-        out = predictor.run_batch(feeds, names)
-        return {name: [out[name][j, : lengths[j]] if predictor.is_token_level(name) else out[name][j]
-                       for j in range(len(rows))] for name in names}
+        out = predictor.run_batch(batch.feeds, names)
+        return {name: [out[name][j, : batch.lengths[j]] if predictor.is_token_level(name) else out[name][j]
+                       for j in range(len(batch.rows))] for name in names}
 
     alone_runs = side_by_side(run, [prepare([r]) for r in range(n)], streams)
     alone = {name: [one[name][0] for one in alone_runs] for name in names}
 
-    def deviation(batch) -> dict[str, float]:
+    def deviation(batch: _Batch) -> dict[str, float]:
         """Each output's largest deviation over the rows of one prepared batch from the same texts alone."""
         got = run(batch)
-        return {name: max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(batch[0]))
+        return {name: max(_row_deviation(got[name][j], alone[name][r]) for j, r in enumerate(batch.rows))
                 for name in names}
 
     rng = np.random.default_rng(seed)
-    compositions: list[tuple[str, tuple]] = []  # (key, prepared batch), in the order the random draws are made
+    compositions: list[tuple[str, _Batch]] = []  # (key, prepared batch), in the order the random draws are made
     for size in batch_sizes:
         size = int(size)
         if size == 1:
@@ -103,7 +110,7 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
                 perm = (perm * (size // n + 1))[:size]
             compositions += [(str(size), prepare(perm[s:s + size])) for s in range(0, len(perm), size)]
     full = [(int(rows), int(tokens)) for rows, tokens in predictor.full_batches]
-    shapes_run = {batch[3] for _, batch in compositions}
+    shapes_run = {batch.shape for _, batch in compositions}
     measured_by_mixed = []
     for rows, tokens in full:
         if (rows, tokens) in shapes_run:
@@ -118,7 +125,7 @@ def batch_deviation(predictor, texts: Sequence[str], pairs: Sequence[str] | None
     worst: dict[str, dict[str, float]] = {name: {} for name in names}
     by_shape: dict[tuple[int, int], dict[str, float]] = {}  # (rows, padded tokens) -> each output's deviation
     for (key, batch), devs in zip(compositions, found):
-        seen = by_shape.setdefault(batch[3], {})
+        seen = by_shape.setdefault(batch.shape, {})
         for name in names:
             worst[name][key] = max(worst[name].get(key, 0.0), devs[name])
             seen[name] = max(seen.get(name, 0.0), devs[name])

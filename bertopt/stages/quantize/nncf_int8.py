@@ -44,7 +44,12 @@ import numpy as np
 from bertopt.errors import UserError
 from bertopt.params import STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
-from bertopt.stages.quantize.openvino_int8 import INFERENCE_PRECISION, KEEP_FFN_OUTPUT, ffn_output_names
+from bertopt.stages.quantize.openvino_int8 import (
+    ACTIVATION_GROUP_SIZE,
+    INFERENCE_PRECISION,
+    KEEP_FFN_OUTPUT,
+    ffn_output_names,
+)
 from bertopt.stages.quantize.smoothing import SMOOTH_ALPHA as SMOOTH_ALPHA_PARAM
 
 MODEL_FILE = "model.xml"
@@ -61,7 +66,7 @@ PRESETS = ("mixed", "performance")
 SMOOTH_ALPHA = 0.5
 _DEFAULT_OP_TYPES = ["MatMul", "Attention", "Gemm"]
 RESTORED_MODES = ("auto", "int8-dynamic", "float")
-DYNAMIC_GROUP = 32  # channels per dynamic activation scale of a restored MatMul: the int8-dynamic method's default
+DYNAMIC_GROUP = ACTIVATION_GROUP_SIZE.default  # channels per dynamic activation scale of a restored MatMul
 
 # this method's own parameter group
 NNCF_PARAMS = (
@@ -440,7 +445,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     ffn_out = ffn_output_names(art, matmuls) if config.get("keep_ffn_output") is not False else []
     ignored = sorted(set(ffn_out) | set(config.get("exclude_nodes") or []))
     restored_as = restored_mode(config)
-    meter = HeldBackMeter(art, held, config, core, dynamic=restored_as == "int8-dynamic")
+    dynamic = restored_as == "int8-dynamic"
+    meter = HeldBackMeter(art, held, config, core, dynamic=dynamic)
     from bertopt.stages.quantize.calibration import sentence_feeds
 
     encodings = sentence_feeds(art, calib, config.get("threads"))  # one sentence each: no padding in a statistic
@@ -480,7 +486,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
         search = {"ranking": ranking, "steps": steps, "restored": restored}
         if found is None:
             last = steps[-1] if steps else measured
-            restored_as_words, also = (("dynamic int8", "try --restored-matmuls float, ") if meter.keep_int8_weights
+            restored_as_words, also = (("dynamic int8", "try --restored-matmuls float, ") if dynamic
                                        else ("float", ""))
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
@@ -494,7 +500,7 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
     # context) has no weights to be int8 and runs float
     dynamic_ops = sorted(op.get_friendly_name() for op in model.get_ordered_ops()
                          if op.get_friendly_name() in search["restored"] and _reads_int8_weights(op)
-                         ) if restored_as == "int8-dynamic" else []
+                         ) if dynamic else []
     float_ops = [n for n in float_ops if n not in dynamic_ops]
     if not int8_ops:
         raise UserError(f"static int8 left no MatMul of {art.path} in int8; use --mode int8-dynamic --runtime "
