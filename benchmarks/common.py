@@ -127,12 +127,14 @@ def add_artifact_timing_args(parser: argparse.ArgumentParser, rounds: int) -> No
     parser.add_argument("--quiet", action="store_true", help="No progress lines.")
 
 
-def write_results(args, name: str, features, results: list[dict[str, Any]]) -> Path:
-    """The JSON of such a script (CPU features, rounds, results) at ``output_path``; prints where."""
+def write_results(args, name: str, features, results: list[dict[str, Any]], **more: Any) -> Path:
+    """The JSON of such a script (CPU features, rounds, results, and ``more`` top-level entries) at
+    ``output_path``; prints where."""
     path = output_path(args, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     rounds = getattr(args, "rounds", None)  # a script that does not time rounds (serve_memory.py) records none
-    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": rounds, "results": results}, indent=2))
+    path.write_text(json.dumps({"cpu_features": sorted(features), "rounds": rounds, "results": results, **more},
+                                indent=2))
     print(f"\nwrote {path}")
     return path
 

@@ -353,7 +353,8 @@ def test_fixed_shape_script_smoke(tiny_onnx, tmp_path):
 
 def test_gate_cost_script_smoke(tiny_onnx, tmp_path):
     """benchmarks/gate_cost.py on a tiny OpenVINO artifact with a stream per core: the batch-invariance check timed
-    side by side and one batch at a time, the same figures both ways, the table names the CPU's features."""
+    side by side and one batch at a time, and the gate's statistics both ways, the same figures each time, the
+    tables name the CPU's features."""
     from bertopt.machine import cpu_features
     from bertopt.registry import run_stage
 
@@ -371,6 +372,12 @@ def test_gate_cost_script_smoke(tiny_onnx, tmp_path):
         assert len(r["rounds_s"]["side by side"]) == len(r["rounds_s"]["one at a time"]) == 1
     assert data["cpu_features"] == sorted(cpu_features()) and "CPU features:" in proc.stdout
     assert f"| twin | {twin['streams']} | 48 |" in proc.stdout and "| yes |" in proc.stdout
+    # the gate's statistics on each artifact's outputs: both ways timed, the same figures
+    for r, art in zip(data["statistics"], (twin, onnxruntime)):
+        assert r["artifact"] == art["artifact"] and r["same_figures"] is True
+        assert r["outputs"] == ["last_hidden_state", "sentence_embedding"] and r["values"] > 48 * 32
+        assert len(r["rounds_s"]["slices"]) == len(r["rounds_s"]["whole arrays"]) == 1
+    assert "The gate's statistics" in proc.stdout
 
 
 @pytest.mark.slow

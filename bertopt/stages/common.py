@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import OrderedDict
 from typing import Any, Callable
 
 from bertopt.artifact import Artifact
@@ -29,14 +32,45 @@ def check_against(writer, reference: Artifact, texts: list[str], outputs: list[s
     from bertopt.runtime import Predictor
 
     new = Predictor(writer.staged(), provider="cpu", threads=threads)
-    old = Predictor(reference, provider="cpu", threads=threads, verify=False)
-    names = outputs or [o for o in new.output_names if o in old.output_names]
-    got, ref = new.run(texts, outputs=names), old.run(texts, outputs=names)
+    names = outputs or [o for o in new.output_names if o in output_names(reference)]
+    got, ref = new.run(texts, outputs=names), parent_outputs(reference, texts, names, threads=threads)
     stats = compare_runs(got, ref, reference.output_kinds)
     notes = fidelity_notes(stats, writer.stage)
     if notes:
         writer.report.setdefault("notes", []).extend(notes)
     return stats
+
+
+def output_names(art: Artifact) -> list[str]:
+    return [o["name"] for o in art.outputs]
+
+
+# A parent's outputs on a check's texts, kept for the process: tune compiles and quantises one parent into several
+# candidates, and each stage's check ran that parent on the same corpus again (real MPNet: 24 s a check on one
+# thread). Keyed by all that decides the values: the parent's files (its digest), how it runs (runtime, options),
+# threads, outputs and texts. A few runs only: a candidate's stages share one parent.
+_PARENT_RUNS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+PARENT_RUNS_KEPT = 2
+
+
+def parent_outputs(parent: Artifact, texts: list[str], names: list[str], threads: int | None = None,
+                   provider: str = "cpu") -> dict[str, Any]:
+    """``parent`` run on ``texts`` (outputs ``names``) on ``provider``, once per process for the same inputs."""
+    from bertopt.runtime import Predictor
+    from bertopt.runtime.backends import default_threads
+
+    key = (str(parent.path.resolve()), parent.digest, parent.runtime,
+           json.dumps(parent.manifest.get("runtime_options") or {}, sort_keys=True), provider,
+           threads or default_threads(), tuple(names), hashlib.sha256("\0".join(texts).encode()).hexdigest(),
+           len(texts))
+    if key in _PARENT_RUNS:
+        _PARENT_RUNS.move_to_end(key)
+        return _PARENT_RUNS[key]
+    runs = Predictor(parent, provider=provider, threads=threads, verify=False).run(texts, outputs=names)
+    _PARENT_RUNS[key] = runs
+    while len(_PARENT_RUNS) > PARENT_RUNS_KEPT:
+        _PARENT_RUNS.popitem(last=False)
+    return runs
 
 
 # below this mean cosine to its input a stage's output no longer computes the same function (a working int8 of a

@@ -21,7 +21,7 @@ import numpy as np
 from bertopt.errors import GateFailed, UserError
 from bertopt.extensions import load_extensions
 from bertopt.measure.batch import batch_deviation
-from bertopt.measure.compare import compare_runs, cosine_rows, flatten_outputs
+from bertopt.measure.compare import measure_runs
 from bertopt.measure.data import Dataset, load_texts
 from bertopt.measure.fidelity import rerank_pairs, task_fidelity
 from bertopt.measure.labels import label_indices, label_metrics
@@ -229,21 +229,14 @@ def measure_accuracy(plan: GatePlan, art, ref, names: list[str]):
     data, config = plan.data, plan.config
     got = art.run(data.texts, data.pairs, outputs=names)
     want = ref.run(data.texts, data.pairs, outputs=names)
-    accuracy = compare_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
+    measured = measure_runs(got, want, plan.kinds, atol=config["atol"], rtol=config["rtol"],
                             quantile=config["error_quantile"])
+    accuracy = {name: stats for name, (stats, _) in measured.items()}
     if plan.primary in accuracy and "error" not in accuracy[plan.primary]:
         accuracy[plan.primary].update(task_fidelity(plan.task, art, data.texts, data.pairs, got[plan.primary],
                                                     want[plan.primary]))
-    distributions = {}
-    for name in names:
-        g, r = flatten_outputs(got[name]).astype(np.float64), flatten_outputs(want[name]).astype(np.float64)
-        err = np.abs(g - r).ravel()
-        if err.size > 200_000:
-            err = np.random.default_rng(0).choice(err, 200_000, replace=False)
-        dist = {"abs_err": err}
-        if plan.kinds.get(name) != "token" and g.ndim == 2 and len(g):
-            dist["cosine"] = cosine_rows(g, r)
-        distributions[name] = dist
+    # an output whose shapes differ has its error line in the statistics and nothing to plot
+    distributions = {name: measured[name][1] for name in names if name in measured and measured[name][1]}
     return accuracy, distributions, got, want
 
 
