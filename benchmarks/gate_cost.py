@@ -11,8 +11,8 @@ of both must be equal (each batch is one request on one stream either way); the 
 Then the gate's statistics on the same artifact's outputs (its run on the texts in batches of 32 against its run in
 batches of 7: two real sets of every output, token states included): ``measure_output`` as the gate computes them
 (float64, a slice of rows at a time, one pass for statistics and plot sample) against the whole-array form the gate
-used before (both sides cast to float64 whole, the plot's errors computed again), interleaved, medians; the
-figures must be equal.
+used before (both sides cast to float64 whole, the plot's errors computed again), interleaved, medians, and the
+peak memory each allocates (tracemalloc, a run of its own); the figures must be equal.
 Prints tables naming the CPU's features and writes JSON under benchmarks/results/ (``--json`` for another path).
 """
 
@@ -22,6 +22,7 @@ import argparse
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,9 +124,16 @@ def measure_statistics(artifact: str, texts: list[str], rounds: int, threads: in
                and all(np.array_equal(found["slices"][n][1][k], found["whole arrays"][n][1][k], equal_nan=True)
                        for k in found["slices"][n][1]) for n in a)
     values = sum(found["slices"][n][0]["count"] for n in a)
+    peak_mib = {}
+    for way, fn in ways.items():  # memory in a run of its own: tracing allocations slows the timed ones
+        tracemalloc.start()
+        for name in a:
+            fn(name, kinds.get(name, "embedding"), a[name], b[name])
+        peak_mib[way] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
     new, old = statistics.median(times["slices"]), statistics.median(times["whole arrays"])
     return {"artifact": artifact, "outputs": sorted(a), "values": values, "slices_s": new, "whole_arrays_s": old,
-            "x_whole_arrays": old / new, "rounds_s": times, "same_figures": same}
+            "x_whole_arrays": old / new, "rounds_s": times, "peak_mib": peak_mib, "same_figures": same}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
                  ">batch_dev"], rows)
     rows = [[Path(r["artifact"]).name, ", ".join(r["outputs"]), f"{r['values'] / 1e6:.1f} M",
              f"{r['whole_arrays_s']:.2f}", f"{r['slices_s']:.2f}", f"{r['x_whole_arrays']:.2f}",
+             f"{r['peak_mib']['whole arrays']:.0f}", f"{r['peak_mib']['slices']:.0f}",
              "yes" if r["same_figures"] else "NO"] for r in stats]
     print_table("The gate's statistics: a slice of rows at a time vs whole float64 arrays; ", features,
-                ["artifact", "outputs", ">values", ">whole arrays s", ">slices s", ">x", "same figures"], rows)
+                ["artifact", "outputs", ">values", ">whole arrays s", ">slices s", ">x", ">whole arrays peak MiB",
+                 ">slices peak MiB", "same figures"], rows)
     write_results(args, "gate-cost", features, results, statistics=stats)
     return 0 if all(r["same_figures"] for r in results + stats) else 1
 

@@ -377,6 +377,7 @@ def test_gate_cost_script_smoke(tiny_onnx, tmp_path):
         assert r["artifact"] == art["artifact"] and r["same_figures"] is True
         assert r["outputs"] == ["last_hidden_state", "sentence_embedding"] and r["values"] > 48 * 32
         assert len(r["rounds_s"]["slices"]) == len(r["rounds_s"]["whole arrays"]) == 1
+        assert 0 < r["peak_mib"]["slices"] <= r["peak_mib"]["whole arrays"]
     assert "The gate's statistics" in proc.stdout
 
 
