@@ -22,6 +22,7 @@ tune.md, tune.html with a speed-vs-fidelity plot).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -53,6 +54,17 @@ def parse_duration(value: str) -> float:
     if seconds <= 0:
         raise UserError(f"time budget {value!r} must be more than 0 seconds; write it like 10m or 90s")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as --time-budget takes it, rounded up: whole seconds under a minute, else half minutes
+    ('45s', '4m', '3m30s', '1h2m30s')."""
+    if math.ceil(seconds) < 60:
+        return f"{max(1, math.ceil(seconds))}s"
+    halves = math.ceil(seconds / 30)
+    hours, rest = divmod(halves * 30, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{secs}s" if secs else "")
 
 
 def _duration_ok(value: str) -> str | None:
@@ -337,10 +349,11 @@ def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report
 
 def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str] | None, *, rounds: int,
                       threads: int | None, batch_size: int, deadline: float, say: SAY,
-                      progress: Callable[[], None] | None = None) -> int:
+                      progress: Callable[[], None] | None = None, started: float | None = None) -> int:
     """texts/s of each passing candidate on ``texts``: a warm-up pass over all of them, then rounds interleaved
     (the order rotates each round so none is always first); the median round counts. Stops after the round in
-    which the deadline passes (at least one round). Returns the rounds run.
+    which the deadline passes (at least one round), saying what budget would have timed every round (counted
+    from ``started``, the run's start). Returns the rounds run.
 
     The warm-up runs every text because OpenVINO compiles kernels for each new input shape, and the length buckets
     of mixed text are mostly new shapes: warmed on two batches only, MiniLM's static int8 ran its first pass at 167
@@ -356,16 +369,25 @@ def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str
         p.run(texts, pairs, outputs=[p.primary_output])
     times: dict[str, list[float]] = {o.name: [] for o in outcomes}
     done = 0
+    round_s: list[float] = []
     for r in range(rounds):
         order = outcomes[r % len(outcomes):] + outcomes[: r % len(outcomes)]
+        t_round = time.monotonic()
         for o in order:
             p = preds[o.name]
             times[o.name].append(time_call(lambda p=p: p.run(texts, pairs, outputs=[p.primary_output])))
+        round_s.append(time.monotonic() - t_round)
         done += 1
         if progress:
             progress()
         if time.monotonic() > deadline and r + 1 < rounds:
-            say(f"time budget spent: timing stopped after {done} of {rounds} rounds")
+            line = f"time budget spent: timing stopped after {done} of {rounds} rounds"
+            if started is not None:
+                # what this run took so far plus the rounds left at the pace of those run: the budget that would
+                # have timed them all here (a run's other steps vary too, so it is rounded up, not promised)
+                enough = time.monotonic() - started + (rounds - done) * statistics.mean(round_s)
+                line += f"; --time-budget {format_duration(enough)} would have timed all {rounds} here"
+            say(line)
             break
     for o in outcomes:
         rates = [len(texts) / t for t in times[o.name]]
@@ -618,7 +640,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
             rounds = time_side_by_side(passed, timing_texts, _timing_pairs(pruned, timing_texts),
                                        rounds=config["rounds"], threads=config["threads"],
                                        batch_size=config["batch_size"], deadline=deadline, say=say,
-                                       progress=lambda: tick("timing", per_round))
+                                       progress=lambda: tick("timing", per_round), started=t_start)
         winner = max(passed, key=lambda o: o.figures["texts_per_s"]) if passed else None
         record = {
             "source": str(source),

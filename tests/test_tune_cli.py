@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,37 @@ def test_timing_warms_every_candidate_on_every_text_first(tiny_model, tmp_path, 
     assert done == 2 and len(runs) == 2
     assert all(calls == [40, 40, 40] for calls in runs.values()), runs
     assert all(len(o.figures["texts_per_s_rounds"]) == 2 and o.figures["texts_per_s"] > 0 for o in outcomes)
+
+
+def test_a_budget_that_cut_timing_says_what_budget_would_time_every_round(tiny_model, tmp_path):
+    # make demo on a slow CPU gets one timing round of three: the line says what --time-budget would give all three
+    from bertopt.data import mixed_text
+    from bertopt.registry import run_stage
+    from bertopt.tune import Candidate, Outcome, time_side_by_side
+
+    onnx = run_stage("export", tiny_model, {}, tmp_path / "onnx")
+    outcomes = [Outcome("onnxruntime-fp32", "passed", artifact=onnx,
+                        candidate=Candidate("onnxruntime-fp32", [], "onnxruntime", "fp32"))]
+    texts = [t for t in mixed_text() if t.strip()][:24]
+    lines: list[str] = []
+    before = time.monotonic()
+    started = before - 100  # a run that began 100 s ago, its deadline already passed
+    done = time_side_by_side(outcomes, texts, None, rounds=3, threads=1, batch_size=8, deadline=0.0,
+                             say=lines.append, started=started)
+    ended = time.monotonic()
+    assert done == 1 and len(lines) == 1, lines
+    m = re.fullmatch(r"time budget spent: timing stopped after 1 of 3 rounds; --time-budget (\S+) would have timed "
+                     r"all 3 here", lines[0])
+    assert m, lines[0]
+    round_s = len(texts) / outcomes[0].figures["texts_per_s_rounds"][0]
+    suggested = parse_duration(m.group(1))  # a value the option takes
+    # the time so far plus two more rounds at this pace, rounded up to half a minute
+    assert before - started + 2 * round_s <= suggested <= ended - started + 2 * round_s + 31
+
+
+@pytest.mark.parametrize("seconds,text", [(0.2, "1s"), (45, "45s"), (59.2, "1m"), (61, "1m30s"), (196.4, "3m30s"),
+                                          (3599, "1h"), (3725, "1h2m30s")])
+def test_format_duration_rounds_up_to_what_time_budget_reads(seconds, text):
+    from bertopt.tune import format_duration, parse_duration
+
+    assert format_duration(seconds) == text and parse_duration(text) >= seconds
