@@ -427,6 +427,10 @@ class Artifact:
         return self.manifest.get("outputs", [])
 
     @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.outputs]
+
+    @property
     def model_info(self) -> dict[str, Any]:
         """Architecture facts (family, hidden size, heads, layers, pooling, task, labels) carried from the source.
 

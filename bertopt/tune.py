@@ -369,14 +369,11 @@ def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str
         p.run(texts, pairs, outputs=[p.primary_output])
     times: dict[str, list[float]] = {o.name: [] for o in outcomes}
     done = 0
-    round_s: list[float] = []
     for r in range(rounds):
         order = outcomes[r % len(outcomes):] + outcomes[: r % len(outcomes)]
-        t_round = time.monotonic()
         for o in order:
             p = preds[o.name]
             times[o.name].append(time_call(lambda p=p: p.run(texts, pairs, outputs=[p.primary_output])))
-        round_s.append(time.monotonic() - t_round)
         done += 1
         if progress:
             progress()
@@ -385,7 +382,8 @@ def time_side_by_side(outcomes: list[Outcome], texts: list[str], pairs: list[str
             if started is not None:
                 # what this run took so far plus the rounds left at the pace of those run: the budget that would
                 # have timed them all here (a run's other steps vary too, so it is rounded up, not promised)
-                enough = time.monotonic() - started + (rounds - done) * statistics.mean(round_s)
+                round_s = sum(sum(t) for t in times.values()) / done  # a round: each candidate's timed pass
+                enough = time.monotonic() - started + (rounds - done) * round_s
                 line += f"; --time-budget {format_duration(enough)} would have timed all {rounds} here"
             say(line)
             break
@@ -647,7 +645,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
             "family": pruned.model_info.get("family"),
             "task": task,
             "primary_output": primary,
-            "outputs": [o["name"] for o in pruned.outputs],
+            "outputs": pruned.output_names,
             "targets": targets,
             "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
                      "runs": [f"batches of {config['batch_size']} + batch invariance (alone vs batches 1/7/32)",

@@ -32,17 +32,13 @@ def check_against(writer, reference: Artifact, texts: list[str], outputs: list[s
     from bertopt.runtime import Predictor
 
     new = Predictor(writer.staged(), provider="cpu", threads=threads)
-    names = outputs or [o for o in new.output_names if o in output_names(reference)]
+    names = outputs or [o for o in new.output_names if o in reference.output_names]
     got, ref = new.run(texts, outputs=names), parent_outputs(reference, texts, names, threads=threads)
     stats = compare_runs(got, ref, reference.output_kinds)
     notes = fidelity_notes(stats, writer.stage)
     if notes:
         writer.report.setdefault("notes", []).extend(notes)
     return stats
-
-
-def output_names(art: Artifact) -> list[str]:
-    return [o["name"] for o in art.outputs]
 
 
 # A parent's outputs on a check's texts, kept for the process: tune compiles and quantises one parent into several

@@ -145,12 +145,12 @@ def _check(view, parent, texts, provider: str = "cpu"):
 
     from bertopt.measure.compare import compare_runs
     from bertopt.runtime import Predictor
-    from bertopt.stages.common import output_names, parent_outputs
+    from bertopt.stages.common import parent_outputs
 
     if provider != "cpu":
         handle = view.model_handle()
         view = dataclasses.replace(handle, runtime_options={**handle.runtime_options, "trt_engine_cache": "off"})
     new = Predictor(view, provider=provider, verify=False)
-    names = [o for o in new.output_names if o in output_names(parent)]
+    names = [o for o in new.output_names if o in parent.output_names]
     return (compare_runs(new.run(texts, outputs=names), parent_outputs(parent, texts, names), parent.output_kinds),
             new.session)

@@ -38,8 +38,8 @@ def prune_onnx_artifact(art, config, out_dir: Path, overwrite: bool):
     from bertopt.stages.common import check_against, worst_abs_diff
 
     model = load_onnx(art.model_path)
-    keep = config["outputs"] or [o["name"] for o in art.outputs]
-    known = [o["name"] for o in art.outputs]
+    keep = config["outputs"] or art.output_names
+    known = art.output_names
     unknown = [k for k in keep if k not in known]
     if unknown:
         raise UserError(f"prune: unknown output '{unknown[0]}'; this artifact has {', '.join(known)}")

@@ -53,7 +53,7 @@ def quantize_tf_fp16(art, config, out_dir: Path, overwrite: bool):
     graph_def = load_graph_def(art.model_path)
     check_frozen(graph_def, str(art.path))
     mask_inputs = [i["name"] for i in art.inputs if i.get("role") == "attention_mask"]
-    half_graph, kept, counts = convert_graph_to_fp16(graph_def, mask_inputs, [o["name"] for o in art.outputs],
+    half_graph, kept, counts = convert_graph_to_fp16(graph_def, mask_inputs, art.output_names,
                                                      config["keep_fp32_ops"], config["exclude_nodes"])
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
         w.copy_tokenizer(art)

@@ -32,7 +32,7 @@ def prune_tf_artifact(art, config, out_dir: Path, overwrite: bool):
                         "run 'bertopt freeze' on it first")
     graph_def = load_graph_def(art.model_path)
     check_frozen(graph_def, str(art.path))
-    known = [o["name"] for o in art.outputs]
+    known = art.output_names
     keep = config["outputs"] or known
     unknown = [k for k in keep if k not in known]
     if unknown:

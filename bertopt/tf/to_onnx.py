@@ -146,7 +146,7 @@ def export_graphdef_to_onnx(art, config, out_dir: Path, overwrite: bool):
         graph_def = load_graph_def(art.model_path)
     check_frozen(graph_def, str(art.path))
     inputs = [i["name"] for i in art.inputs]
-    outputs = [o["name"] for o in art.outputs]
+    outputs = art.output_names
     model, report = convert_graph_def(graph_def, inputs, outputs, config["opset"])
     try:
         onnx.checker.check_model(model)

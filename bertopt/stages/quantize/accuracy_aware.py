@@ -38,7 +38,7 @@ def accuracy_targets(config, art) -> list:
     from bertopt.measure.targets import parse_targets
 
     targets = parse_targets(config["accuracy_target"])
-    outputs = [o["name"] for o in art.outputs]
+    outputs = art.output_names
     for t in targets:
         output, _, base = t.metric.rpartition(".")
         if output and output not in outputs:
