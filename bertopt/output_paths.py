@@ -43,11 +43,13 @@ from bertopt.errors import UserError, check_interrupted, check_writable
 OWN_MARKERS = {
     "artifact": "bertopt.json",
     "report": "validation.json",
+    "tune-report": "tune.json",
     "spark-output": "_bertopt.json",  # '_' : Spark, pyarrow and pandas readers skip it
 }
 KIND_WORDS = {
     "artifact": "a bertopt artifact",
     "report": "a bertopt validation report",
+    "tune-report": "a bertopt tune report",
     "spark-output": "a bertopt spark-predict output",
     "json": "a bertopt JSON result",
 }
@@ -84,6 +86,12 @@ def _is_result_json(path: Path) -> bool:
 
 def _inside(child: Path, parent: Path) -> bool:
     return child != parent and parent in child.parents
+
+
+def overlap(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two outputs' real paths are the same or one holds the other."""
+    real_a, real_b = real_path(a), real_path(b)
+    return real_a == real_b or _inside(real_a, real_b) or _inside(real_b, real_a)
 
 
 def check_output(path: str | os.PathLike, *, kind: str, inputs: Iterable[str | os.PathLike | None] = (),

@@ -29,14 +29,16 @@ import shutil
 import statistics
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
 from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
+from bertopt.tasks import TASKS
 
 SAY = Callable[[str], None]
 
@@ -83,7 +85,7 @@ CANDIDATE_NAMES = ("openvino-f32", "openvino-f32-throughput", "openvino-bf16", "
 
 TUNE_PARAMS = [
     Param("task", str, None, "What the model computes (default: detected from the folder), as for 'bertopt export "
-          "--task'."),
+          "--task'.", choices=TASKS),
     Param("data", str, None, "Your texts (.txt one a line / .jsonl / .csv / .parquet): the candidates are timed on "
           "their lengths and gated on them too (default: the built-in mixed text).", file=True),
     Param("text_column", str, "text", "Text column of a JSONL/CSV/Parquet --data file."),
@@ -429,35 +431,54 @@ def _why_won(winner: Outcome, passed: list[Outcome]) -> str:
     return "; ".join(parts)
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
-    from bertopt.artifact import is_artifact
-    from bertopt.errors import check_writable
+def _check_outputs(source: str, out: Path, report_dir: Path, overwrite: bool, data: str | None) -> None:
+    """The output-path policy (``output_paths``) for both of tune's outputs, before anything is built or written:
+    neither may be, sit inside or hold the model or the data; ``--out`` is replaced only with ``--force`` and only
+    when it is an artifact; the report folder only when it is an earlier tune report (its ``tune.json``) or empty,
+    never a folder of the user's; and the report goes beside the artifact, never in it (or it around the
+    artifact)."""
+    from bertopt.output_paths import check_output, overlap
+    from bertopt.registry import input_paths
 
-    if out.exists():
-        if not out.is_dir():
-            raise UserError(f"--out {out} is a file; choose a folder name")
-        if not overwrite:
-            what = "an artifact" if is_artifact(out) else "a folder"
-            raise UserError(f"output folder {out} already exists ({what}); choose another --out or pass --force "
-                            "to replace it")
-        if not is_artifact(out) and any(out.iterdir()):
-            raise UserError(f"output folder {out} exists and is not a bertopt artifact; refusing to replace it")
-    check_writable(out, "--out")
-
-
-REPORT_FILES = {"tune.json", "tune.md", "tune.html", "gate-texts.jsonl", "candidates"}
+    inputs = [*input_paths(source), data]
+    check_output(out, kind="artifact", inputs=inputs, replace=overwrite)
+    check_output(report_dir, kind="tune-report", inputs=inputs, replace=True, flag="--report-dir")
+    if overlap(out, report_dir):
+        raise UserError(f"--report-dir {report_dir} overlaps --out {out}: the report goes beside the artifact "
+                        "(whose folder holds only hashed files); choose another --report-dir")
 
 
-def _check_report_dir(report_dir: Path) -> None:
-    from bertopt.errors import check_writable
+def _recorded_source(artifact) -> str:
+    """What an artifact's lineage names as its source model, in words."""
+    source = artifact.source
+    named = source.get("spec") or source.get("path") if isinstance(source, dict) else None
+    return f"its lineage names {named}" if isinstance(named, str) and named else "its lineage names none"
 
-    if report_dir.exists():
-        if not report_dir.is_dir():
-            raise UserError(f"report folder {report_dir} is a file; choose another --report-dir")
-        if {p.name for p in report_dir.iterdir()} - REPORT_FILES:
-            raise UserError(f"report folder {report_dir} exists and holds something other than a bertopt tune "
-                            "report; choose another --report-dir")
-    check_writable(report_dir, "--report-dir")
+
+@contextmanager
+def _report_folder(report_dir: Path) -> Iterator[None]:
+    """This run's report folder: an earlier tune report there is set aside and put back if the run stops before
+    writing its own (a usage error, Ctrl-C), so a report folder is either the old report or the new one; one this
+    run created is removed then. A run that gates every candidate writes its report (also when none passed)."""
+    from bertopt.output_paths import temp_sibling
+
+    old = None
+    if report_dir.exists() and any(report_dir.iterdir()):
+        old = temp_sibling(report_dir, "old")
+        os.replace(report_dir, old)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if done:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            shutil.rmtree(report_dir, ignore_errors=True)
+            if old is not None:
+                os.replace(old, report_dir)
 
 
 def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:
@@ -506,8 +527,7 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
     report_dir = Path(report_dir).absolute() if report_dir else out.parent / f"{out.name}-report"
     budget = parse_duration(config["time_budget"])
     deadline = t_start + budget
-    _check_out(out, overwrite)
-    _check_report_dir(report_dir)
+    _check_outputs(source, out, report_dir, overwrite, config["data"])
     if config["data"]:
         from bertopt.measure.data import load_texts
 
@@ -529,6 +549,11 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
         raise UserError("no candidate can be built on this machine with the given --candidates; "
                         "drop --candidates or name one of " + ", ".join(CANDIDATE_NAMES[:3])
                         + "".join(f" ({o.name}: {o.reason})" for o in refused))
+    source_input = resolve_input(source)  # an unreadable model fails here, before anything is written
+    if isinstance(source_input, Artifact):
+        raise UserError(f"{source} is a bertopt artifact; tune starts from the model (a Hugging Face folder, an "
+                        "ONNX file, a TensorFlow model or builtin:NAME) and builds every candidate from it: give "
+                        f"the model it came from ({_recorded_source(source_input)})")
     for o in outcomes:
         say(f"{o.name}: not built: {o.reason}")
     for o in refused:
@@ -545,131 +570,129 @@ def run_tune(source: str, out: str | os.PathLike, config: dict[str, Any] | None 
 
     try:
         work.mkdir(parents=True)
-        report_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(report_dir / "candidates", ignore_errors=True)  # a previous run's, replaced
-        gate_file, timing_texts, data_source = _gate_data(config["data"], config["text_column"],
-                                                          config["max_texts"], report_dir)
-        tick("export + prune (shared by every candidate)")
-        source_input = resolve_input(source)
-        export_cfg = {"opset": 17, **({"task": config["task"]} if config["task"] else {})}
-        t0 = time.monotonic()
-        exported = run_stage("export", source_input, export_cfg, work / "01-export")
-        pruned = run_stage("prune", exported, {"outputs": config["outputs"]}, work / "02-prune")
-        prefix_s = time.monotonic() - t0
-        say(f"export + prune: {prefix_s:.1f} s ({exported.model_info.get('family')}, "
-            f"{exported.model_info.get('task')})")
-        task = pruned.model_info.get("task", "embedding")
-        from bertopt.runtime.tasks import task_of, task_output
+        with _report_folder(report_dir):
+            gate_file, timing_texts, data_source = _gate_data(config["data"], config["text_column"],
+                                                              config["max_texts"], report_dir)
+            tick("export + prune (shared by every candidate)")
+            export_cfg = {"opset": 17, **({"task": config["task"]} if config["task"] else {})}
+            t0 = time.monotonic()
+            exported = run_stage("export", source_input, export_cfg, work / "01-export")
+            pruned = run_stage("prune", exported, {"outputs": config["outputs"]}, work / "02-prune")
+            prefix_s = time.monotonic() - t0
+            say(f"export + prune: {prefix_s:.1f} s ({exported.model_info.get('family')}, "
+                f"{exported.model_info.get('task')})")
+            task = pruned.model_info.get("task", "embedding")
+            from bertopt.runtime.tasks import task_of, task_output
 
-        primary = pruned.primary_output if task_of(pruned) == "embedding" else task_output(pruned, task_of(pruned))
-        targets = config["targets"] or default_tune_targets(task, pruned.output_kinds.get(primary, "embedding"))
-        from bertopt.validate.reference import reference_predictor
+            primary = pruned.primary_output if task_of(pruned) == "embedding" else task_output(pruned, task_of(pruned))
+            targets = config["targets"] or default_tune_targets(task, pruned.output_kinds.get(primary, "embedding"))
+            from bertopt.validate.reference import reference_predictor
 
-        reference = _MemoReference(reference_predictor(pruned, threads=config["threads"], batch_size=32))
-        tick("candidates", 1)
-        built: dict[tuple, Any] = {}
+            reference = _MemoReference(reference_predictor(pruned, threads=config["threads"], batch_size=32))
+            tick("candidates", 1)
+            built: dict[tuple, Any] = {}
 
-        def build(cand: Candidate):
-            current, key = pruned, ()
-            for name, cfg in cand.steps:
-                key = key + ((name, json.dumps(cfg, sort_keys=True)),)
-                if key not in built:
-                    folder = work / f"{len(built) + 3:02d}-{cand.name}-{name}"
-                    built[key] = run_stage(name, current, cfg, folder)
-                current = built[key]
-            return current
+            def build(cand: Candidate):
+                current, key = pruned, ()
+                for name, cfg in cand.steps:
+                    key = key + ((name, json.dumps(cfg, sort_keys=True)),)
+                    if key not in built:
+                        folder = work / f"{len(built) + 3:02d}-{cand.name}-{name}"
+                        built[key] = run_stage(name, current, cfg, folder)
+                    current = built[key]
+                return current
 
-        ran: list[Outcome] = list(refused)
-        for cand in candidates:
-            passed_so_far = [o for o in ran if o.status == "passed"]
-            if time.monotonic() > deadline:
-                if passed_so_far:
-                    line = f"time budget ({config['time_budget']}) spent"
-                    ran.append(Outcome(cand.name, "skipped", line, candidate=cand))
-                    say(f"{cand.name}: skipped: {line}")
-                    tick(f"skipped {cand.name}", 1)
+            ran: list[Outcome] = list(refused)
+            for cand in candidates:
+                passed_so_far = [o for o in ran if o.status == "passed"]
+                if time.monotonic() > deadline:
+                    if passed_so_far:
+                        line = f"time budget ({config['time_budget']}) spent"
+                        ran.append(Outcome(cand.name, "skipped", line, candidate=cand))
+                        say(f"{cand.name}: skipped: {line}")
+                        tick(f"skipped {cand.name}", 1)
+                        continue
+                    say(f"time budget ({config['time_budget']}) spent but no candidate has passed yet; going on with "
+                        f"{cand.name}")
+                tick(f"{cand.name}: build")
+                outcome = Outcome(cand.name, "refused", candidate=cand)
+                t0 = time.monotonic()
+                try:
+                    outcome.artifact = build(cand)
+                except UserError as exc:
+                    outcome.reason = str(exc)
+                    outcome.build_s = time.monotonic() - t0
+                    say(f"{cand.name}: refused: {exc}")
+                    ran.append(outcome)
+                    tick(f"{cand.name}: refused", 1)
                     continue
-                say(f"time budget ({config['time_budget']}) spent but no candidate has passed yet; going on with "
-                    f"{cand.name}")
-            tick(f"{cand.name}: build")
-            outcome = Outcome(cand.name, "refused", candidate=cand)
-            t0 = time.monotonic()
-            try:
-                outcome.artifact = build(cand)
-            except UserError as exc:
-                outcome.reason = str(exc)
                 outcome.build_s = time.monotonic() - t0
-                say(f"{cand.name}: refused: {exc}")
-                ran.append(outcome)
-                tick(f"{cand.name}: refused", 1)
-                continue
-            outcome.build_s = time.monotonic() - t0
-            tick(f"{cand.name}: gate (batched, then alone)")
-            t0 = time.monotonic()
-            try:
-                ok, figures = gate_candidate(outcome.artifact, data_file=gate_file, targets=targets,
-                                             reference=reference, report_dir=report_dir / "candidates" / cand.name,
-                                             threads=config["threads"], provider=cand.provider,
-                                             batch_size=config["batch_size"])
-            except UserError as exc:  # e.g. the runtime cannot open it on this machine
-                outcome.reason = f"the gate could not run it: {exc}"
+                tick(f"{cand.name}: gate (batched, then alone)")
+                t0 = time.monotonic()
+                try:
+                    ok, figures = gate_candidate(outcome.artifact, data_file=gate_file, targets=targets,
+                                                 reference=reference, report_dir=report_dir / "candidates" / cand.name,
+                                                 threads=config["threads"], provider=cand.provider,
+                                                 batch_size=config["batch_size"])
+                except UserError as exc:  # e.g. the runtime cannot open it on this machine
+                    outcome.reason = f"the gate could not run it: {exc}"
+                    outcome.gate_s = time.monotonic() - t0
+                    say(f"{cand.name}: refused: {outcome.reason}")
+                    ran.append(outcome)
+                    tick(f"{cand.name}: refused", 1)
+                    continue
                 outcome.gate_s = time.monotonic() - t0
-                say(f"{cand.name}: refused: {outcome.reason}")
+                outcome.figures = figures
+                outcome.status = "passed" if ok else "failed"
+                summary = _figure_line(figures)
+                if ok:
+                    say(f"{cand.name}: passed the gate ({summary})")
+                else:
+                    outcome.reason = "; ".join(figures["failed_checks"])
+                    say(f"{cand.name}: failed the gate: {outcome.reason}")
                 ran.append(outcome)
-                tick(f"{cand.name}: refused", 1)
-                continue
-            outcome.gate_s = time.monotonic() - t0
-            outcome.figures = figures
-            outcome.status = "passed" if ok else "failed"
-            summary = _figure_line(figures)
-            if ok:
-                say(f"{cand.name}: passed the gate ({summary})")
-            else:
-                outcome.reason = "; ".join(figures["failed_checks"])
-                say(f"{cand.name}: failed the gate: {outcome.reason}")
-            ran.append(outcome)
-            tick(f"{cand.name}: {outcome.status}", 1)
+                tick(f"{cand.name}: {outcome.status}", 1)
 
-        passed = [o for o in ran if o.status == "passed"]
-        rounds = 0
-        if passed:
-            tick(f"timing {len(passed)} candidate(s) side by side")
-            per_round = 1.0 / config["rounds"]
-            rounds = time_side_by_side(passed, timing_texts, _timing_pairs(pruned, timing_texts),
-                                       rounds=config["rounds"], threads=config["threads"],
-                                       batch_size=config["batch_size"], deadline=deadline, say=say,
-                                       progress=lambda: tick("timing", per_round), started=t_start)
-        winner = max(passed, key=lambda o: o.figures["texts_per_s"]) if passed else None
-        record = {
-            "source": str(source),
-            "family": pruned.model_info.get("family"),
-            "task": task,
-            "primary_output": primary,
-            "outputs": pruned.output_names,
-            "targets": targets,
-            "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
-                     "runs": [f"batches of {config['batch_size']} + batch invariance (alone vs batches 1/7/32)",
-                              "every text alone (batch 1), for a candidate that passed in batches"],
-                     "reference": f"{reference.session.backend} (the original model)"},
-            "timing": {"texts": len(timing_texts), "data": config["data"] or "built-in mixed_text",
-                       "rounds": rounds, "batch_size": config["batch_size"], "threads": config["threads"],
-                       "interleaved": True},
-            "machine": machine_info(),
-            "gpu_providers": gpus if gpus is not None else gpu_providers(),
-            "time_budget_s": budget,
-            "prefix_s": round(prefix_s, 2),
-            "candidates": [o.record() for o in ran + outcomes],
-            "winner": winner.name if winner else None,
-            "why": _why_won(winner, passed) if winner else "no candidate passed the gate",
-        }
-        artifact = None
-        if winner is not None:
-            tick(f"writing {winner.name} to {out}")
+            passed = [o for o in ran if o.status == "passed"]
+            rounds = 0
+            if passed:
+                tick(f"timing {len(passed)} candidate(s) side by side")
+                per_round = 1.0 / config["rounds"]
+                rounds = time_side_by_side(passed, timing_texts, _timing_pairs(pruned, timing_texts),
+                                           rounds=config["rounds"], threads=config["threads"],
+                                           batch_size=config["batch_size"], deadline=deadline, say=say,
+                                           progress=lambda: tick("timing", per_round), started=t_start)
+            winner = max(passed, key=lambda o: o.figures["texts_per_s"]) if passed else None
+            record = {
+                "source": str(source),
+                "family": pruned.model_info.get("family"),
+                "task": task,
+                "primary_output": primary,
+                "outputs": pruned.output_names,
+                "targets": targets,
+                "gate": {"data": data_source, "texts": len(gate_file.read_text(encoding="utf-8").splitlines()),
+                         "runs": [f"batches of {config['batch_size']} + batch invariance (alone vs batches 1/7/32)",
+                                  "every text alone (batch 1), for a candidate that passed in batches"],
+                         "reference": f"{reference.session.backend} (the original model)"},
+                "timing": {"texts": len(timing_texts), "data": config["data"] or "built-in mixed_text",
+                           "rounds": rounds, "batch_size": config["batch_size"], "threads": config["threads"],
+                           "interleaved": True},
+                "machine": machine_info(),
+                "gpu_providers": gpus if gpus is not None else gpu_providers(),
+                "time_budget_s": budget,
+                "prefix_s": round(prefix_s, 2),
+                "candidates": [o.record() for o in ran + outcomes],
+                "winner": winner.name if winner else None,
+                "why": _why_won(winner, passed) if winner else "no candidate passed the gate",
+            }
+            artifact = None
+            if winner is not None:
+                tick(f"writing {winner.name} to {out}")
+                record["wall_time_s"] = round(time.monotonic() - t_start, 1)
+                artifact = Artifact.load(_write_chosen(winner, out, record))
             record["wall_time_s"] = round(time.monotonic() - t_start, 1)
-            artifact = Artifact.load(_write_chosen(winner, out, record))
-        record["wall_time_s"] = round(time.monotonic() - t_start, 1)
-        write_reports(record, report_dir, out if winner else None)
-        tick("done", 1)
+            write_reports(record, report_dir, out if winner else None)
+            tick("done", 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if winner is None:

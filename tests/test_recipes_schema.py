@@ -35,6 +35,11 @@ def _write(tmp_path, text):
     ("stages: []\n", "'stages' must be a non-empty list"),
     ("stages: [export]\nvalidate: {treshold: 1}\n", "validate: unknown parameter 'treshold'"),
     ("stages: [export]\nvalidate: {targets: 'cos_min=high'}\n", "cannot read target"),
+    # the latency grid is checked with the recipe, before its first stage writes anything
+    ("stages: [export]\nvalidate: {seq_lens: ['0']}\n", "validate: 'seq_lens' values must be at least 1, got 0"),
+    ("stages: [export]\nvalidate: {batch_sizes: [a]}\n", "validate: 'batch_sizes' takes whole numbers like 1,32"),
+    ("stages: [export]\nvalidate: {batch_sizes: [1.5]}\n", "validate: 'batch_sizes' takes whole numbers"),
+    ("stages: [export]\nvalidate: {targets: ','}\n", "',' names no target"),
     ("stages:\n  - export: {opset: 11}\n", "'opset' must be between 17 and 21"),
     ("stages: [export\n", "not valid YAML"),
     ("tune: {time_budget: 5m}\nstages: [export]\n", "a recipe with 'tune' has no 'stages'"),

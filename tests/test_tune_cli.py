@@ -29,7 +29,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def _leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".tune-work-" in p.name)
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".tune-work-" in p.name or ".old-" in p.name)
 
 
 def test_the_machine_decides_the_candidates():
@@ -172,12 +172,63 @@ def test_no_passing_candidate_exits_1_and_writes_no_artifact(tiny_model, tmp_pat
     (["--candidates", "openvino-int4"], "unknown candidate 'openvino-int4'"),
     (["--targets", "cos_min=high"], "cannot read target"),
     (["--rounds", "0"], "'rounds' must be at least 1"),
+    # a gate with no target would fall back to validate's looser defaults and no batch-deviation bound
+    (["--targets", ","], "',' names no target"),
+    (["--task", "bogus"], "tune: 'task' must be one of embedding,"),
 ])
 def test_bad_options_are_one_line(tiny_model, tmp_path, cli, args, message):
     out = tmp_path / "tuned"
     code, stdout, err = cli("tune", tiny_model, "--out", out, *args)
     assert code == 2 and message in " ".join(err.split()), err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert not (tmp_path / "tuned-report").exists()
+
+
+def test_a_report_folder_of_the_users_is_never_touched(tiny_model, tmp_path, cli):
+    # a folder that merely holds names a tune report uses is not one (no tune.json of tune's): refused before any
+    # work, with or without --force, and nothing in it removed
+    mine = tmp_path / "reports"
+    (mine / "candidates").mkdir(parents=True)
+    (mine / "candidates" / "alice.txt").write_text("my CV")
+    (mine / "tune.md").write_text("my notes")
+    for force in ([], ["--force"]):
+        code, _, err = cli("tune", tiny_model, "--out", tmp_path / "tuned", "--report-dir", mine, *force, *FAST)
+        assert code == 2 and "--report-dir" in err and "is not a bertopt tune report" in " ".join(err.split()), err
+    assert (mine / "candidates" / "alice.txt").read_text() == "my CV" and (mine / "tune.md").read_text() == "my notes"
+    assert sorted(p.name for p in mine.iterdir()) == ["candidates", "tune.md"]
+    assert not (tmp_path / "tuned").exists()
+
+
+@pytest.mark.parametrize("out, report, message", [
+    ("model/tuned", None, "--out {tmp}/model/tuned is inside the input"),
+    ("tuned", "model/reports", "--report-dir {tmp}/model/reports is inside the input"),
+    ("tuned", "tuned", "--report-dir {tmp}/tuned overlaps --out {tmp}/tuned"),
+    ("tuned", "tuned/report", "overlaps --out"),
+    ("reports/tuned", "reports", "overlaps --out"),
+])
+def test_outputs_in_the_model_or_in_each_other_are_refused(tiny_model, tmp_path, cli, out, report, message):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    before = sorted(p.name for p in model.iterdir())
+    args = ["--report-dir", tmp_path / report] if report else []
+    code, stdout, err = cli("tune", model, "--out", tmp_path / out, *args, *FAST)
+    assert code == 2 and message.format(tmp=tmp_path) in " ".join(err.split()), err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in model.iterdir()) == before  # no report, no scratch inside the model
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_an_artifact_is_not_a_source(tiny_model, tmp_path, cli):
+    code, _, err = cli("export", tiny_model, "--out", tmp_path / "art")
+    assert code == 0, err
+    code, _, err = cli("tune", tmp_path / "art", "--out", tmp_path / "tuned", *FAST)
+    assert code == 2 and "is a bertopt artifact; tune starts from the model" in " ".join(err.split()), err
+    assert f"its lineage names {tiny_model}" in " ".join(err.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    code, _, err = cli("export", tmp_path / "art", "--out", tmp_path / "again")
+    assert code == 2 and "is already an ONNX artifact: export makes one from a model" in " ".join(err.split()), err
 
 
 def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
@@ -187,7 +238,7 @@ def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
     code, _, err = cli("tune", tiny_model, "--out", out, *FAST)
     assert code == 2 and "already exists" in err
     code, _, err = cli("tune", tiny_model, "--out", out, "--force", *FAST)
-    assert code == 2 and "is not a bertopt artifact; refusing to replace it" in " ".join(err.split())
+    assert code == 2 and "is not a bertopt artifact (it holds other files); refusing to replace it" in " ".join(err.split())
     assert (out / "notes.txt").read_text() == "keep me"
 
 
@@ -214,6 +265,22 @@ def test_an_unknown_output_is_one_line_and_leaves_nothing(tiny_model, tmp_path, 
         " ".join(err.split())
     assert len(err.strip().splitlines()) == 1
     assert not out.exists() and _leftovers(tmp_path) == []
+    assert not (tmp_path / "tuned-report").exists()  # the usage error is found before a report is written
+
+
+def test_a_run_that_stops_early_keeps_the_earlier_report(tiny_model, tmp_path, cli):
+    out = tmp_path / "tuned"
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--candidates", "onnxruntime-fp32", *FAST)
+    assert code == 0, err + stdout
+    report = tmp_path / "tuned-report"
+    before = {p.relative_to(report): p.read_bytes() for p in report.rglob("*") if p.is_file()}
+    assert Path("tune.json") in before and Path("gate-texts.jsonl") in before
+    code, stdout, err = cli("tune", tiny_model, "--out", out, "--force", "--outputs", "pooler_output",
+                            "--candidates", "onnxruntime-fp32", *FAST)
+    assert code == 2 and "unknown output 'pooler_output'" in err, err + stdout
+    after = {p.relative_to(report): p.read_bytes() for p in report.rglob("*") if p.is_file()}
+    assert after == before and _leftovers(tmp_path) == []
+    Artifact.load(out)  # the artifact of the first run, whole
 
 
 def _default_sigint() -> None:
@@ -240,7 +307,7 @@ def test_ctrl_c_leaves_no_half_written_artifact(tiny_model, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, "".join(seen) + rest
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "tuned-report").exists()
     assert _leftovers(tmp_path) == []
 
 

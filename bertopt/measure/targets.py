@@ -80,7 +80,10 @@ def parse_targets(text: str | None) -> list[Target]:
 def targets_problem(value: str) -> str | None:
     """A ``Param`` check for a target expression: why ``value`` does not parse, or None."""
     try:
-        parse_targets(value)
+        parsed = parse_targets(value)
     except UserError as exc:
         return str(exc)
+    if not parsed:  # ',' or '' would silently drop the gate to another command's defaults
+        return (f"{value!r} names no target; write one like cos_min>=0.995 (several joined by commas), or leave the "
+                "option out for the defaults")
     return None

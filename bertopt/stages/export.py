@@ -51,6 +51,9 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     from bertopt.stages.common import format_handler
 
     kind = input.model_format if isinstance(input, Artifact) else input.kind
+    if isinstance(input, Artifact) and kind == "onnx":  # else the ONNX importer reads the folder as a file
+        raise UserError(f"{input.path} is already an ONNX artifact: export makes one from a model; go on with "
+                        "prune, optimize, quantize or compile")
     # ONNX exports live here; the TensorFlow ones are registered by bertopt.tf as "<kind>-><target>"
     exporter = {("hf", "onnx"): export_hf_to_onnx, ("onnx", "onnx"): import_onnx}.get((kind, config["to"])) \
         or format_handler(NAME, f"{kind}->{config['to']}")
@@ -58,8 +61,6 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         hint = ""
         if kind in ("tf-savedmodel", "keras", "tf-checkpoint") and not isinstance(input, Artifact):
             hint = "; TensorFlow models go through 'bertopt freeze' first, then export"
-        elif isinstance(input, Artifact) and kind == "onnx":
-            hint = "; this artifact is already ONNX, use prune/optimize/quantize"
         raise UserError(f"export cannot turn a {kind} input into {config['to']}{hint}")
     return exporter(input, config, out_dir, overwrite)
 

@@ -49,21 +49,6 @@ def _quantile_key(q: float) -> str:
     return f"abs_err_p{int(q * 100)}"
 
 
-def _ints(values, flag: str) -> list[int]:
-    out = []
-    for v in values:
-        try:
-            n = int(v)
-        except (TypeError, ValueError):
-            raise UserError(f"{flag} takes whole numbers like 1,32; got {v!r}") from None
-        if n < 1:
-            raise UserError(f"{flag} values must be at least 1, got {n}")
-        out.append(n)
-    if not out:
-        raise UserError(f"{flag} is empty; give at least one value like 1,32")
-    return out
-
-
 def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, config: dict[str, Any],
                          grid: set[str], task: str | None = None) -> None:
     """Every target must name something this run measures; say what to change when it does not."""
@@ -201,8 +186,8 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
                         f"({', '.join(kinds)}); re-create the artifact")
     targets_are_defaults = not config["targets"]
     targets = parse_targets(config["targets"] or default_targets(kinds[primary]))
-    batch_sizes = _ints(config["batch_sizes"], "--batch-sizes")
-    seq_lens = _ints(config["seq_lens"], "--seq-lens")
+    batch_sizes = [int(v) for v in config["batch_sizes"]]  # checked by VALIDATE_PARAMS (whole_numbers)
+    seq_lens = [int(v) for v in config["seq_lens"]]
     grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
     check_target_metrics(targets, outputs, primary, config, grid, model_task)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])

@@ -6,6 +6,23 @@ from bertopt.measure.targets import targets_problem
 from bertopt.params import BATCH_SIZE, DEVICE_ID, PROVIDER, THREADS, Param
 
 
+def whole_numbers(values) -> str | None:
+    """A ``Param`` check for the latency grid (batch sizes, sequence lengths): whole numbers, each at least 1, so a
+    recipe's ``validate:`` is refused before its first stage runs, not after its last."""
+    if not values:
+        return "is empty; give at least one value like 1,32"
+    for v in values:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            return f"takes whole numbers like 1,32; got {v!r}"
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            return f"takes whole numbers like 1,32; got {v!r}"
+        if n < 1:
+            return f"values must be at least 1, got {n}"
+    return None
+
+
 def _quantile(value) -> str | None:
     return None if 0 < value < 1 else f"must be between 0 and 1 (exclusive), got {value}"
 
@@ -28,8 +45,8 @@ VALIDATE_PARAMS = [
           "targets: defaults for the primary output's kind (embeddings: cos_min>=0.99, "
           "neighbour_agreement_at_10>=0.9; logits: top1_agreement>=0.99, cos_min>=0.99).",
           check=targets_problem),
-    Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes."),
-    Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded)."),
+    Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes.", check=whole_numbers),
+    Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded).", check=whole_numbers),
     Param("warmup", int, 2, "Latency: warm-up runs per grid point.", min=0),
     Param("repeats", int, 10, "Latency: timed runs per grid point.", min=1),
     THREADS,

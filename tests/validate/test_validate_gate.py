@@ -165,7 +165,8 @@ def test_sentence_pairs_are_fed_as_two_segments(cli, task_artifact, tmp_path):
     (["--targets", "pooled.cos_min=0.9"], "names output 'pooled'"),
     (["--targets", "speedup@8x999=1"], "grid point 8x999 is not measured"),
     (["--seq-lens", "999"], "exceeds the model's maximum"),
-    (["--batch-sizes", "one"], "--batch-sizes takes whole numbers"),
+    (["--batch-sizes", "one"], "'batch_sizes' takes whole numbers like 1,32; got 'one'"),
+    (["--seq-lens", "0"], "'seq_lens' values must be at least 1, got 0"),
     (["--data", "missing.txt"], "data file not found"),
 ])
 def test_usage_errors_exit_2(cli, tiny_int8, tmp_path, args, message):
