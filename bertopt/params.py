@@ -318,5 +318,7 @@ def check_input_files(params: Sequence[Param], config: dict[str, Any], where: st
     for p in params:
         value = config.get(p.name)
         if p.file and value and value != "builtin" and not Path(str(value)).is_file():
-            what = "a folder" if Path(str(value)).is_dir() else "not found"
+            path = Path(str(value))
+            what = "a folder" if path.is_dir() else "not a regular file (a FIFO, device or socket)" \
+                if path.exists() else "not found"
             raise UserError(f"{where}: '{p.name}' file {value} is {what}; give an existing file")

@@ -238,7 +238,8 @@ def test_an_existing_folder_is_not_replaced(tiny_model, tmp_path, cli):
     code, _, err = cli("tune", tiny_model, "--out", out, *FAST)
     assert code == 2 and "already exists" in err
     code, _, err = cli("tune", tiny_model, "--out", out, "--force", *FAST)
-    assert code == 2 and "is not a bertopt artifact (it holds other files); refusing to replace it" in " ".join(err.split())
+    assert code == 2 and "is not a bertopt artifact (it holds other files); refusing to replace it" in \
+        " ".join(err.split())
     assert (out / "notes.txt").read_text() == "keep me"
 
 

@@ -60,6 +60,9 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
         raise UserError(f"data file not found: {file}; give a .txt/.jsonl/.csv/.parquet file or 'builtin'")
     if file.is_dir():
         raise UserError(f"{file} is a folder; give a data file ({KNOWN}) or 'builtin'")
+    if not file.is_file():  # a FIFO would block the read for ever, /dev/zero fill the memory
+        raise UserError(f"{file} is not a regular file (a FIFO, device or socket); give a data file ({KNOWN}) or "
+                        "'builtin'")
     suffix = file.suffix.lower()
     if suffix in TEXT_SUFFIXES:
         if text_pair_column or label_column:

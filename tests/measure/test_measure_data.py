@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -100,3 +101,24 @@ def test_validate_with_a_bad_data_file_exits_2_with_one_line_and_writes_nothing(
     assert len(err.strip().splitlines()) == 1
     assert not report.exists()
     assert "gate" not in json.loads((tiny_int8.path / "bertopt.json").read_text())["validation"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_data_path_that_is_not_a_regular_file_is_refused_without_reading_it(cli, tiny_int8, tmp_path, kind):
+    # a FIFO would block the read for ever and a link to /dev/zero fill the memory: both are one line, exit 2,
+    # found before anything is opened
+    data = tmp_path / "texts.txt"
+    if kind == "fifo":
+        os.mkfifo(data)
+    else:
+        data.symlink_to("/dev/zero")
+    with pytest.raises(UserError, match=r"texts.txt is not a regular file \(a FIFO, device or socket\); give a data"):
+        load_texts(data)
+    report = tmp_path / "report"
+    code, out, err = cli("validate", tiny_int8.path, "--data", data, "--report-dir", report)
+    assert code == 2 and "is not a regular file" in err and len(err.strip().splitlines()) == 1, err
+    assert not report.exists()
+    code, out, err = cli("quantize", tiny_int8.path, "--mode", "int8-static", "--calibration-data", data,
+                         "--out", tmp_path / "q")
+    assert code == 2 and "is not a regular file" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "q").exists()
