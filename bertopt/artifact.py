@@ -583,6 +583,8 @@ _MANIFEST_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "batch_invariance": ((dict,), False),
     "external_data": ((list,), False),
 }
+# what a model input may be fed (an input without a role is fed by its name): the Predictor's feeds
+INPUT_ROLES = ("input_ids", "attention_mask", "token_type_ids", "input_mask", "segment_ids")
 _TYPE_NAMES = {int: "a whole number", str: "a string", list: "a list", dict: "a mapping", float: "a number",
                bool: "true or false", type(None): "null"}
 _NUMBER = (int, float)
@@ -637,6 +639,11 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
             for key, types in (("kind", (str,)), ("shape", (list,)), ("dtype", (str,)), ("role", (str,))):
                 if key in entry and not isinstance(entry[key], types):
                     raise bad(f"{section}[{i}].{key} must be {_TYPE_NAMES[types[0]]}, got {entry[key]!r:.40}")
+    for i, entry in enumerate(manifest["inputs"]):
+        role = entry.get("role", entry["name"])
+        if role not in INPUT_ROLES:
+            raise bad(f"inputs[{i}] ('{entry['name']}') has role {role!r}, which bertopt cannot feed (roles: "
+                      f"{', '.join(INPUT_ROLES)})")
     for (section, key), types in _NESTED_SCHEMA.items():
         if section in manifest and key in manifest[section] and not _type_ok(manifest[section][key], types):
             raise bad(f"'{section}.{key}' must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got "

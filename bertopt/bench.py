@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import typer
 
+from bertopt.errors import UserError
 from bertopt.measure.latency import percentile, time_call
 from bertopt.params import BATCH_SIZE, RUNTIME, THREADS, ConfigFields, Param, typer_command
 
@@ -86,9 +87,14 @@ class Contender:
     def at_length(self, max_seq_len: int):
         """A Predictor on the same session that truncates to ``max_seq_len`` tokens (no second model load)."""
         from bertopt.runtime import Predictor
+        from bertopt.runtime.predictor import position_limit
 
         if max_seq_len not in self._views:
             base = self.predictor
+            limit = position_limit(base.artifact.model_info)
+            if max_seq_len > limit:  # said here: the Predictor's own line names --max-seq-len, which bench has not
+                raise UserError(f"{base.artifact.path}: {max_seq_len} tokens per text exceed the model's {limit} "
+                                "positions; use --seq-len and --latency-seq-len of at most that")
             self._views[max_seq_len] = Predictor(base.artifact, session=base.session, max_seq_len=max_seq_len,
                                                  batch_size=base.batch_size, length_bucketing=base.length_bucketing,
                                                  verify=False)
@@ -369,8 +375,6 @@ BENCH_HELP = ("Measure artifacts through the Predictor: throughput at batch 32 p
 
 def _bench(config) -> None:
     from rich.console import Console
-
-    from bertopt.errors import UserError
 
     console = Console()
     settings = Settings(**SETTINGS_FIELDS.kwargs(config))

@@ -95,6 +95,24 @@ class ModelHandle:
     def output_kinds(self) -> dict[str, str]:
         return output_kinds(self.outputs)
 
+    def check_graph_io(self, inputs, outputs) -> None:
+        """The inputs and outputs the manifest lists against the ones the opened graph has: a manifest that does not
+        describe its model file is one line when the session opens, not an error inside the runtime on the first
+        request. ``inputs``: each graph input's name, or the set of names it answers to (OpenVINO ports have
+        several); ``outputs``: every name an output answers to."""
+        from bertopt.errors import ArtifactError
+
+        ports = [{names} if isinstance(names, str) else set(names) for names in inputs]
+        listed = [i["name"] for i in self.inputs]
+        known = set().union(*ports)
+        problems = [f"the model needs input '{min(names)}', which the manifest does not list" for names in ports
+                    if not names & set(listed)]
+        problems += [f"the manifest lists input '{n}', which the model has not" for n in listed if n not in known]
+        problems += [f"the manifest lists output '{o['name']}', which the model has not" for o in self.outputs
+                     if o["name"] not in outputs]
+        if problems:
+            raise ArtifactError(f"{self.shown_as}: {problems[0]}; re-create the artifact")
+
     @property
     def shown_as(self) -> str:
         """The model's name in an error line: its file, else the folder or source it came from."""

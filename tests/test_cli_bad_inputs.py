@@ -190,6 +190,43 @@ def _hf_copy(c: Ctx) -> Path:
     return c.tmp / "hf"
 
 
+def _hf_edited(c: Ctx, file: str, edit) -> Path:
+    """A copy of the tiny model folder whose JSON ``file`` went through ``edit(data) -> data`` (a str: the text)."""
+    folder = _hf_copy(c)
+    path = folder / file
+    data = edit(json.loads(path.read_text()))
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return folder
+
+
+def _with_key(key, value):
+    def edit(m):
+        m[key] = value
+        return m
+    return edit
+
+
+def _edited_source(source):
+    def edit(m):
+        m["lineage"]["source"] = source
+        return m
+    return edit
+
+
+def _model_key(key, value):
+    def edit(m):
+        m["model"][key] = value
+        return m
+    return edit
+
+
+def _edited_entry(section, i, key, value):
+    def edit(m):
+        m[section][i][key] = value
+        return m
+    return edit
+
+
 # -- the corpus: (id, setup) ------------------------------------------------------------------------------------
 CASES = {
     # ONNX from other exporters (sentence-transformers' onnx/ and openvino/ folders, Optimum)
@@ -464,6 +501,70 @@ CASES = {
     "run: recipe out: is not a path": lambda c: (
         ["run", c.recipe(f"model: {c.tiny_hf}\nout: [a, b]\nstages: [export]\n")], "'out' must be a folder path",
         []),
+    # a model folder's JSON files with values transformers would fail on deep inside (config sizes, pipeline files)
+    "export: config.json is a list": lambda c: (
+        ["export", _hf_edited(c, "config.json", lambda m: [m]), "--out", c.tmp / "a"],
+        "config.json holds a JSON list, not an object", [c.tmp / "a"]),
+    "export: config.json negative positions": lambda c: (
+        ["export", _hf_edited(c, "config.json", _with_key("max_position_embeddings", -1)), "--out", c.tmp / "a"],
+        "'max_position_embeddings' must be a positive whole number, got -1", [c.tmp / "a"]),
+    "export: config.json zero attention heads": lambda c: (
+        ["export", _hf_edited(c, "config.json", _with_key("num_attention_heads", 0)), "--out", c.tmp / "a"],
+        "'num_attention_heads' must be a positive whole number, got 0", [c.tmp / "a"]),
+    "export: config.json hidden size a string": lambda c: (
+        ["export", _hf_edited(c, "config.json", _with_key("hidden_size", "x")), "--out", c.tmp / "a"],
+        "'hidden_size' must be a positive whole number, got 'x'", [c.tmp / "a"]),
+    "export: config.json heads that do not divide the width": lambda c: (
+        ["export", _hf_edited(c, "config.json", _with_key("hidden_size", 30)), "--out", c.tmp / "a"],
+        "cannot load the model in", [c.tmp / "a"]),
+    "export: config.json id2label a list": lambda c: (
+        ["export", _hf_edited(c, "config.json", _with_key("id2label", [1, 2])), "--out", c.tmp / "a"],
+        "'id2label' must be an object", [c.tmp / "a"]),
+    "export: sentence_bert_config.json not JSON": lambda c: (
+        ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
+        "cannot read", [c.tmp / "a"]),
+    "export: sentence_bert_config.json max_seq_length a string": lambda c: (
+        ["export", _hf_edited(c, "sentence_bert_config.json", _with_key("max_seq_length", "x")), "--out",
+         c.tmp / "a"], "'max_seq_length' must be a positive whole number, got 'x'", [c.tmp / "a"]),
+    "export: sentence_bert_config.json max_seq_length 1": lambda c: (
+        ["export", _hf_edited(c, "sentence_bert_config.json", _with_key("max_seq_length", 1)), "--out", c.tmp / "a"],
+        "a maximum of 1 tokens per text leaves no room for the text", [c.tmp / "a"]),
+    "export: modules.json a number": lambda c: (
+        ["export", _hf_edited(c, "modules.json", lambda m: 5), "--out", c.tmp / "a"],
+        "modules.json holds a JSON int, not a list", [c.tmp / "a"]),
+    "export: modules.json of numbers": lambda c: (
+        ["export", _hf_edited(c, "modules.json", lambda m: [5]), "--out", c.tmp / "a"],
+        "modules.json must list one object per module", [c.tmp / "a"]),
+    # below [CLS] + [SEP] + one token the tokenizer truncates nothing: texts ran past the positions (a traceback)
+    "export --max-seq-len 2": lambda c: (
+        ["export", c.tiny_hf, "--max-seq-len", "2", "--out", c.tmp / "a"],
+        "a maximum of 2 tokens per text leaves no room for the text (the tokenizer adds 2 special tokens to each); "
+        "use 3 or more", [c.tmp / "a"]),
+    "serve --max-seq-len 1": lambda c: (
+        ["serve", c.tiny, "--port", "5555", "--port-out", "5556", "--max-seq-len", "1"],
+        "a maximum of 1 tokens per text leaves no room", []),
+    "bench: a manifest max_seq_len below 1": lambda c: (
+        ["bench", c.edited_manifest(_model_key("max_seq_len", -5)), "--rounds", "1"],
+        "a maximum of -5 tokens per text is no length", []),
+    "bench --seq-len past the positions": lambda c: (
+        ["bench", c.tiny, "--rounds", "1", "--seq-len", "128"],
+        "128 tokens per text exceed the model's 64 positions; use --seq-len and --latency-seq-len", []),
+    # a manifest that does not describe its model file: one line when the session opens, not the runtime's error
+    "bench: a manifest input of an unknown role": lambda c: (
+        ["bench", c.edited_manifest(_edited_entry("inputs", 0, "role", "weird")), "--rounds", "1"],
+        "inputs[0] ('input_ids') has role 'weird', which bertopt cannot feed", []),
+    "bench: a manifest missing an input": lambda c: (
+        ["bench", c.edited_manifest(lambda m: {**m, "inputs": m["inputs"][:1]}), "--rounds", "1"],
+        "the model needs input 'attention_mask', which the manifest does not list", []),
+    "bench: a manifest output the model has not": lambda c: (
+        ["bench", c.edited_manifest(_edited_entry("outputs", 1, "name", "nope")), "--rounds", "1"],
+        "the manifest lists output 'nope', which the model has not", []),
+    "validate: a lineage source of an unknown kind": lambda c: (
+        ["validate", c.edited_manifest(_edited_source({"kind": "bogus"})), "--no-latency", "--report-dir",
+         c.tmp / "r"], "the source model recorded in", [c.tmp / "r"]),
+    "validate: a lineage source path that is a number": lambda c: (
+        ["validate", c.edited_manifest(_edited_source({"kind": "hf", "path": 5})), "--no-latency", "--report-dir",
+         c.tmp / "r"], "is incomplete (kind 'hf', path 5); name a reference with --reference", [c.tmp / "r"]),
     "run: YAML alias bomb (billion laughs)": lambda c: (
         ["run", c.recipe(_alias_bomb()), "--out", c.tmp / "a"], "the YAML expands to more than", [c.tmp / "a"]),
     "run: YAML nested thousands deep": lambda c: (

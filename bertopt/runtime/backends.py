@@ -382,6 +382,7 @@ class OrtSession:
         self.threads = options.intra_op_num_threads
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
+        model.check_graph_io(self.input_names, self.output_names)
 
     def run(self, output_names, feeds):
         if self.io_binding:

@@ -423,6 +423,7 @@ class OpenVinoSession:
         self.dynamic = Executable(self._compiled)  # the model as read: every shape
         self._outputs = self.dynamic.outputs
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
+        model.check_graph_io([p.get_names() for p in self._compiled.inputs], self._outputs)
         self.fixed_shapes = FixedShapes(core, path, config) if self.options.get("static_full_batch") else None
         self._local = threading.local()  # this thread's last request (profiling_info)
 

@@ -107,16 +107,28 @@ def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):
     if not file.exists() and not file.is_symlink():
         raise UserError(f"no tokenizer.json in {tokenizer_dir}; re-create the artifact with 'bertopt export'")
     tok = read_tokenizer_json(file)
+    specials = int(tok.num_special_tokens_to_add(False))
+    if max_seq_len <= specials:  # the Rust tokenizer then silently truncates nothing: inputs past the positions
+        raise UserError(f"a maximum of {max_seq_len} tokens per text leaves no room for the text (the tokenizer adds "
+                        f"{specials} special tokens to each); use {specials + 1} or more")
     tok.no_padding()
     tok.enable_truncation(max_length=max_seq_len)
     return tok
 
 
+def position_limit(model_info: dict[str, Any]) -> int:
+    """The most tokens the model's position embeddings cover."""
+    return int(model_info.get("max_position_embeddings", 512))
+
+
 def sequence_length(model_info: dict[str, Any], max_seq_len: int | None = None) -> int:
     """The tokens a text is truncated to: ``max_seq_len`` when given, else the artifact's recorded one, else the
     model's position limit; never more than that limit (the one rule; serve and every Predictor apply it)."""
-    model_max = int(model_info.get("max_position_embeddings", 512))
+    model_max = position_limit(model_info)
     seq = int(max_seq_len or model_info.get("max_seq_len") or model_max)
+    if seq < 1:
+        raise UserError(f"a maximum of {seq} tokens per text is no length; give a positive --max-seq-len (or "
+                        "re-create the artifact whose manifest records it)")
     if seq > model_max:
         raise UserError(f"max sequence length {seq} exceeds the model's {model_max} positions; "
                         f"use --max-seq-len {model_max} or less")

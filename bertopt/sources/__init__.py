@@ -43,9 +43,15 @@ class Source:
         return {"kind": self.kind, "path": str(self.path), "spec": self.spec, "framework": self.framework}
 
     @classmethod
-    def from_manifest(cls, data: dict[str, Any]) -> "Source":
-        return resolve_source(data.get("spec") or data["path"]) if data.get("spec", "").startswith("builtin:") \
-            else cls(data["kind"], Path(data["path"]), data.get("spec", data["path"]))
+    def from_manifest(cls, data: dict[str, Any], where: str = "the artifact") -> "Source":
+        """The source a manifest's lineage records; an incomplete record is one line asking for --reference."""
+        kind, path, spec = data.get("kind"), data.get("path"), data.get("spec")
+        if isinstance(spec, str) and spec.startswith("builtin:"):
+            return resolve_source(spec)
+        if kind not in FRAMEWORK_OF or not isinstance(path, str) or not path or not isinstance(spec, (str, type(None))):
+            raise UserError(f"the source model recorded in {where} is incomplete (kind {kind!r}, path {path!r}); name "
+                            "a reference with --reference")
+        return cls(kind, Path(path), spec or path)
 
 
 def builtin_model_path(name: str) -> Path:

@@ -36,12 +36,37 @@ _CONFIG_ALIASES = {"hidden_size": ("dim",), "num_attention_heads": ("n_heads",),
                    "intermediate_size": ("hidden_dim",)}
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def _json_file(file: Path, fix: str, kind: type = dict) -> Any:
+    """A model folder's JSON file whose top level is a ``kind`` (an object, or a list for modules.json); anything
+    else is one line naming the file and ending with ``fix``."""
     try:
-        return json.loads((Path(path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {Path(path) / 'config.json'}: {exc}; is this a Hugging Face model folder?") \
-            from None
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UserError(f"cannot read {file} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                        f"{fix}") from None
+    if not isinstance(data, kind):
+        raise UserError(f"{file} holds a JSON {type(data).__name__}, not {'an object' if kind is dict else 'a list'}; "
+                        f"{fix}")
+    return data
+
+
+# config.json values that size the model: transformers fails deep inside (negative tensor sizes, modulo by zero)
+_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
+          "vocab_size")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    file = Path(path) / "config.json"
+    config = _json_file(file, "is this a Hugging Face model folder?")
+    for key in _SIZES:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserError(f"{file}: '{key}' must be a positive whole number, got {value!r}; fix the config")
+    for key in ("id2label", "label2id"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise UserError(f"{file}: '{key}' must be an object (label index -> name), got a "
+                            f"{type(config[key]).__name__}; fix the config")
+    return config
 
 
 def _config_value(config: dict[str, Any], key: str):
@@ -57,18 +82,15 @@ def _st_modules(path: Path) -> list[dict[str, Any]]:
     file = path / "modules.json"
     if not file.exists():
         return []
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{file} is not valid JSON ({exc}); re-save the sentence-transformers model") from None
+    modules = _json_file(file, "re-save the sentence-transformers model", list)
+    if not all(isinstance(m, dict) for m in modules):
+        raise UserError(f"{file} must list one object per module; re-save the sentence-transformers model")
+    return modules
 
 
 def _module_config(path: Path, module: dict[str, Any]) -> dict[str, Any]:
     file = path / module.get("path", "") / "config.json"
-    try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {file} ({exc}); re-save the sentence-transformers model") from None
+    return _json_file(file, "re-save the sentence-transformers model")
 
 
 def _pooling_modes(cfg: dict[str, Any], where: Path) -> list[str]:
@@ -200,7 +222,11 @@ def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
         info["sparse_activation"] = cfg.get("activation_function", "relu")
     st_cfg = path / "sentence_bert_config.json"
     if st_cfg.exists():
-        info["max_seq_len"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+        info["max_seq_len"] = _json_file(st_cfg, "re-save the sentence-transformers model").get("max_seq_length")
+        if info["max_seq_len"] is not None and (isinstance(info["max_seq_len"], bool) or not isinstance(
+                info["max_seq_len"], (int, float)) or info["max_seq_len"] < 1 or info["max_seq_len"] % 1):
+            raise UserError(f"{st_cfg}: 'max_seq_length' must be a positive whole number, got "
+                            f"{info['max_seq_len']!r}; fix it (the most tokens per text, e.g. 256)")
     if modules and not info.get("max_seq_len"):
         # sentence-transformers 5+ saves the limit as the tokenizer's model_max_length, not in
         # sentence_bert_config.json (transformers writes ~1e30 there for "no limit")
@@ -212,10 +238,7 @@ def read_model_info(path: Path, task: str | None = None) -> dict[str, Any]:
 
 def _tokenizer_max_length(path: Path) -> int | None:
     file = path / "tokenizer_config.json"
-    try:
-        value = json.loads(file.read_text()).get("model_max_length") if file.exists() else None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{file} is not valid JSON ({exc}); re-save the tokenizer") from None
+    value = _json_file(file, "re-save the tokenizer").get("model_max_length") if file.exists() else None
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1_000_000 else None
 
 
@@ -247,7 +270,7 @@ def build_tokenizer_json(src: Path, fam):
     """A ``tokenizers.Tokenizer`` for a folder without tokenizer.json, from the family's slow-tokenizer files."""
     tok_cfg = {}
     if (src / "tokenizer_config.json").exists():
-        tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+        tok_cfg = _json_file(src / "tokenizer_config.json", "re-save the tokenizer")
     if (src / "vocab.txt").exists():
         return build_wordpiece_tokenizer(src / "vocab.txt", tok_cfg.get("do_lower_case", True))
     if (src / "vocab.json").exists() and (src / "merges.txt").exists():
@@ -307,8 +330,15 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     try:
         # eager attention exports to the graph ONNX Runtime's BERT fusions recognise (SDPA does not fuse)
         model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load the model in {path}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
+        # a config whose values transformers cannot build a model from (read_config checks the common ones)
+        raise UserError(f"cannot load the model in {path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}; "
+                        "check its config.json and weights") from None
+    except Exception as exc:  # huggingface_hub's config validation errors derive from Exception only
+        if type(exc).__module__.split(".")[0] != "huggingface_hub":
+            raise
+        raise UserError(f"cannot load the model in {path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}; "
+                        "check its config.json") from None
     return model.eval()
 
 

@@ -162,13 +162,12 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
     its folder, external data files carried along. A graph that stops at token states gets the folder's
     sentence-transformers pipeline (modules.json: Pooling, Dense, Normalize) appended, else mean pooling
     (``--pooling`` picks another, ``none`` keeps the token states only)."""
-    import json
 
     from bertopt.artifact import ArtifactWriter
     from bertopt.errors import require
     from bertopt.families import family_for_config
     from bertopt.onnx_graph.util import copy_onnx, describe_io, load_onnx, save_onnx, uses_external_data
-    from bertopt.sources.hf import copy_tokenizer, read_model_info
+    from bertopt.sources.hf import copy_tokenizer, read_config, read_model_info
 
     require("onnx", "onnx", "importing ONNX models")
     model = load_onnx(source.path)
@@ -179,7 +178,7 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
         raise UserError(f"no tokenizer (tokenizer.json, vocab.txt, vocab.json + merges.txt) next to {source.path} "
                         "or in the folder above; pass --tokenizer FOLDER")
     cfg_dir = next((f for f in folders if (f / "config.json").exists()), None)
-    hf_config = json.loads((cfg_dir / "config.json").read_text()) if cfg_dir else {}
+    hf_config = read_config(cfg_dir) if cfg_dir else {}
     inputs, outputs, info = describe_io(model, vocab_size=hf_config.get("vocab_size"))
     if config.get("task") and config["task"] != info["task"]:
         raise UserError(f"{source.path} computes {info['task']} (outputs: {', '.join(o['name'] for o in outputs)}), "

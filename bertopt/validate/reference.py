@@ -38,7 +38,7 @@ def reference_predictor(artifact, reference: str | os.PathLike | None = None, *,
         recorded = artifact.source
         if not recorded:
             raise UserError(f"{artifact.path} records no source model; name one with --reference")
-        source = Source.from_manifest(recorded)
+        source = Source.from_manifest(recorded, str(artifact.path))
         if not source.path.exists():
             raise UserError(f"the source model recorded in {artifact.path} ({source.path}) is gone; "
                             "name a reference with --reference")

@@ -61,6 +61,13 @@ def test_bad_inputs_are_clear_errors(tiny_onnx):
     assert pred.encode(["a\U0001F600b"]).shape == (1, 32)  # a real astral character is fine
     with pytest.raises(UserError, match="exceeds the model's 64 positions"):
         Predictor(tiny_onnx, max_seq_len=1000)
+    # below [CLS] + [SEP] + one token the tokenizer truncates nothing: texts would run past the positions
+    with pytest.raises(UserError, match=r"a maximum of 2 tokens per text leaves no room for the text \(the tokenizer "
+                       r"adds 2 special tokens to each\); use 3 or more"):
+        Predictor(tiny_onnx, max_seq_len=2)
+    with pytest.raises(UserError, match="a maximum of -5 tokens per text is no length"):
+        Predictor(tiny_onnx, max_seq_len=-5)
+    assert Predictor(tiny_onnx, max_seq_len=3).tokenize(["a b c d e f"])[0].ids.__len__() == 3
     with pytest.raises(UserError, match="unknown output 'logits'"):
         pred.run(["x"], outputs=["logits"])
     assert pred.encode([]).shape == (0, 32)
