@@ -96,8 +96,10 @@ TUNE_PARAMS = [
           "candidates are skipped, once at least one has passed.", check=_duration_ok),
     Param("candidates", list, None, "Only these candidates, comma-separated (default: every one that makes sense "
           "on this machine). Names: " + ", ".join(CANDIDATE_NAMES) + ".",
-          check=lambda v: next((f"names unknown candidate '{c}'; known: {', '.join(CANDIDATE_NAMES)}"
-                                for c in v if c not in CANDIDATE_NAMES), None) if v is not None else None),
+          check=lambda v: None if v is None else
+          f"is empty; name one or more of {', '.join(CANDIDATE_NAMES)}, or leave it out for every one" if not v else
+          next((f"names unknown candidate '{c}'; known: {', '.join(CANDIDATE_NAMES)}" for c in v
+                if c not in CANDIDATE_NAMES), None)),
     Param("rounds", int, 5, "Timing rounds (interleaved: A B C A B C ...); the median round counts.", min=1),
     Param("max_texts", int, None, "Use at most this many texts of each set (built-in corpus, mixed text, --data) "
           "for the gate and the timing (default: all).", min=8),

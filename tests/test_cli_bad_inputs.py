@@ -565,6 +565,22 @@ CASES = {
     "validate: a lineage source path that is a number": lambda c: (
         ["validate", c.edited_manifest(_edited_source({"kind": "hf", "path": 5})), "--no-latency", "--report-dir",
          c.tmp / "r"], "is incomplete (kind 'hf', path 5); name a reference with --reference", [c.tmp / "r"]),
+    # an option of another runtime or provider would be recorded in the lineage and do nothing
+    "compile --runtime onnxruntime --inference-precision bf16": lambda c: (
+        ["compile", c.tiny, "--runtime", "onnxruntime", "--inference-precision", "bf16", "--out", c.tmp / "a"],
+        "--inference-precision applies to --runtime openvino only; drop it", [c.tmp / "a"]),
+    "compile --runtime onnxruntime --performance-hint THROUGHPUT": lambda c: (
+        ["compile", c.tiny, "--runtime", "onnxruntime", "--performance-hint", "THROUGHPUT", "--out", c.tmp / "a"],
+        "--performance-hint applies to --runtime openvino only", [c.tmp / "a"]),
+    "compile --runtime openvino --trt-fp16": lambda c: (
+        ["compile", c.tiny, "--runtime", "openvino", "--trt-fp16", "--out", c.tmp / "a"],
+        "--trt-fp16 applies to --provider tensorrt only", [c.tmp / "a"]),
+    "export: --tokenizer a folder without one": lambda c: (
+        ["export", c.tiny / "model.onnx", "--tokenizer", c.tmp / "nowhere", "--out", c.tmp / "a"],
+        f"--tokenizer {c.tmp / 'nowhere'} holds no tokenizer", [c.tmp / "a"]),
+    "tune --candidates empty": lambda c: (
+        ["tune", c.tiny_hf, "--candidates", ",", "--out", c.tmp / "a"], "'candidates' is empty; name one or more",
+        [c.tmp / "a", c.tmp / "a-report"]),
     "run: YAML alias bomb (billion laughs)": lambda c: (
         ["run", c.recipe(_alias_bomb()), "--out", c.tmp / "a"], "the YAML expands to more than", [c.tmp / "a"]),
     "run: YAML nested thousands deep": lambda c: (

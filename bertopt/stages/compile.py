@@ -27,11 +27,11 @@ RUNTIMES = ("openvino", "onnxruntime")
 
 PARAMS = [
     Param("runtime", str, "openvino", "Backend the artifact is served with.", choices=RUNTIMES),
-    Param("inference_precision", str, "bf16", "OpenVINO: precision of floating-point compute (bf16 uses "
+    Param("inference_precision", str, None, "OpenVINO: precision of floating-point compute (bf16, the default, uses "
           "AVX-512 BF16/AMX; f32 is exact; auto is OpenVINO's default for this CPU).",
           choices=("auto", "bf16", "f32")),
-    Param("performance_hint", str, "LATENCY", "OpenVINO: LATENCY (one stream using every thread: the fastest single "
-          "text) or THROUGHPUT (a stream per thread, the Predictor running a batch on each side by side: more "
+    Param("performance_hint", str, None, "OpenVINO: LATENCY (the default: one stream using every thread, the fastest "
+          "single text) or THROUGHPUT (a stream per thread, the Predictor running a batch on each side by side: more "
           "texts/s, a single text slower).", choices=("LATENCY", "THROUGHPUT")),
     STATIC_FULL_BATCH,
     PROVIDER.with_(default="cpu", choices=("cpu", "cuda", "tensorrt"),
@@ -57,6 +57,18 @@ def gpu_runtime_options(config: dict[str, Any]) -> dict[str, Any]:
 def preflight(config: dict[str, Any], where: str) -> None:
     """Before any stage of a recipe runs: a GPU provider needs this machine's ONNX Runtime to have it (the check
     runs the compiled model on it), and only ONNX Runtime has these providers."""
+    # an option of the other runtime or provider would be recorded in the lineage and do nothing: refused by name
+    if config["runtime"] != "openvino":
+        for name in ("inference_precision", "performance_hint"):
+            if config[name] is not None:
+                raise UserError(f"{where}: --{name.replace('_', '-')} applies to --runtime openvino only; drop it "
+                                f"(--runtime {config['runtime']} computes in the artifact's own precision)")
+        if config["static_full_batch"] == "on":
+            raise UserError(f"{where}: --static-full-batch applies to --runtime openvino only; drop it")
+    for name, providers in (("cuda_tf32", ("cuda", "tensorrt")), ("trt_fp16", ("tensorrt",))):
+        if config[name] and config["provider"] not in providers:
+            raise UserError(f"{where}: --{name.replace('_', '-')} applies to --provider {providers[0]} only; drop "
+                            f"it or add --runtime onnxruntime --provider {providers[0]}")
     if config["provider"] == "cpu":
         return
     if config["runtime"] != "onnxruntime":
@@ -85,6 +97,9 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     if art.model_format != "onnx":
         raise UserError(f"compile works on ONNX artifacts; export {art.path} to ONNX first (bertopt export)")
     preflight(config, f"stage '{NAME}'")
+    if config["runtime"] == "openvino":  # OpenVINO's defaults, recorded in the lineage as used
+        config = {**config, "inference_precision": config["inference_precision"] or "bf16",
+                  "performance_hint": config["performance_hint"] or "LATENCY"}
     options: dict[str, Any] = gpu_runtime_options(config)
     precision = art.precision
     if config["runtime"] == "openvino":

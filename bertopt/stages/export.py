@@ -174,6 +174,9 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
     folders = _onnx_companion_folders(source, config)
     tokenizer_files = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model", "sentencepiece.bpe.model")
     tok_dir = next((f for f in folders if any((f / n).exists() for n in tokenizer_files)), None)
+    if tok_dir is None and config["tokenizer"]:
+        raise UserError(f"--tokenizer {config['tokenizer']} holds no tokenizer (tokenizer.json, vocab.txt, vocab.json "
+                        "+ merges.txt, spm.model); give the folder the model's tokenizer was saved in")
     if tok_dir is None:
         raise UserError(f"no tokenizer (tokenizer.json, vocab.txt, vocab.json + merges.txt) next to {source.path} "
                         "or in the folder above; pass --tokenizer FOLDER")

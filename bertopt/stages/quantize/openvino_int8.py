@@ -43,7 +43,8 @@ KEEP_FFN_OUTPUT = Param("keep_ffn_output", bool, None, "Keep the FFN output proj
                         "fixed scale per tensor meets them), off for int8-dynamic (per-token scales mostly cope; on "
                         "MiniLM keeping them float lifts cos min from 0.993 to 0.997).")
 # the compile stage's parameter, same meaning: the float precision of the OpenVINO execution the manifest records
-INFERENCE_PRECISION = next(p for p in COMPILE_PARAMS if p.name == "inference_precision")
+# (compile leaves it unset to tell a given one from the default; here it always applies)
+INFERENCE_PRECISION = next(p for p in COMPILE_PARAMS if p.name == "inference_precision").with_(default="bf16")
 
 
 def ffn_output_names(art, names: list[str]) -> list[str]:
