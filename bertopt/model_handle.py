@@ -102,6 +102,8 @@ class ModelHandle:
         several); ``outputs``: every name an output answers to."""
         from bertopt.errors import ArtifactError
 
+        if not self.inputs and not self.outputs:  # a bare model file (``open_model``): nothing listed to hold to
+            return
         ports = [{names} if isinstance(names, str) else set(names) for names in inputs]
         listed = [i["name"] for i in self.inputs]
         known = set().union(*ports)
