@@ -51,6 +51,18 @@ MAX_MODEL_BYTES = 128  # a model name (``bertopt serve NAME=PATH``)
 MODEL_PREFIX = b"model="  # the optional fifth request frame: model=NAME (bertopt's Client(model=...))
 _REQ_ID = re.compile(rb"^[0-9]{1,20}$")
 
+# inside the server a ZeroMQ request is keyed by its client's id and a number of the server's own
+# (``REQUEST_ID#SEQ``): two requests that reuse an id (a client that reconnects with a fixed identity and counts from
+# 1 again, or one that sends the same id twice) never share the sink's record; replies carry the client's id
+# (``client_request_id``). Client ids are digits only, so the separator cannot be part of one.
+SEQ_SEPARATOR = b"#"
+
+
+def client_request_id(request_id: bytes) -> bytes:
+    """The id the client sent, from a request id as the server keys it internally."""
+    return request_id.split(SEQ_SEPARATOR, 1)[0]
+
+
 # internal message tags
 JOB, STOP, READY, FAIL, DONE = b"J", b"STOP", b"READY", b"FAIL", b"DONE"
 RESULT, ERROR, CONFIG, SINK_STOP = b"R", b"E", b"C", b"S"

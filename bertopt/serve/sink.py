@@ -27,6 +27,7 @@ from bertopt.protocol import (
     HTTP_IDENTITY,
     RESULT,
     SINK_STOP,
+    client_request_id,
     config_reply,
     error_reply,
     ndarray_reply,
@@ -48,7 +49,7 @@ class Assembler:
         self._np = np
         self.open: dict[tuple[bytes, bytes], dict] = {}
         self.finished = RecentKeys(FINISHED_MEMORY)
-        self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0}
+        self.counters = {"replies": 0, "errors": 0, "duplicates_dropped": 0, "results": 0, "misfits_dropped": 0}
         self.tasks = TaskAssembly()  # predict requests: JSON task results
 
     def _finish(self, key) -> None:
@@ -66,6 +67,8 @@ class Assembler:
         if results is False:
             self.counters["duplicates_dropped"] += 1
             return None
+        if isinstance(results, str):
+            return self._misfit(key, results)
         self.counters["results"] += 1
         if results is None:
             return None
@@ -81,13 +84,20 @@ class Assembler:
             return None
         rec = self.open.get(key)
         if rec is None:
+            if min(n_jobs, n_texts, dim) < 1 or not 0 <= job_index < n_jobs:
+                return self._misfit(key, "a result that describes no request")
             rec = self.open[key] = {"n_jobs": n_jobs, "got": set(),
                                     "out": self._np.empty((n_texts, dim), dtype=self._np.float32)}
         if job_index in rec["got"]:
             self.counters["duplicates_dropped"] += 1
             return None
+        out = rec["out"]
+        if (n_jobs, n_texts, dim) != (rec["n_jobs"], *out.shape) or len(data) % (4 * dim) \
+                or not 0 <= offset <= n_texts - len(data) // (4 * dim) or not 0 <= job_index < n_jobs:
+            return self._misfit(key, f"a piece of {len(data) // 4} values at row {offset} that does not fit the "
+                                     f"request's {out.shape[0]} x {out.shape[1]}")
         rows = self._np.frombuffer(data, dtype=self._np.float32).reshape(-1, dim)
-        rec["out"][offset:offset + len(rows)] = rows
+        out[offset:offset + len(rows)] = rows
         rec["got"].add(job_index)
         self.counters["results"] += 1
         if len(rec["got"]) < rec["n_jobs"]:
@@ -95,6 +105,13 @@ class Assembler:
         self._finish(key)
         self.counters["replies"] += 1
         return ndarray_reply(identity, request_id, rec["out"])
+
+    def _misfit(self, key, what: str) -> None:
+        """A result that cannot belong to the open record (internal ids keep requests apart, so this is a bug):
+        dropped and logged, never written over another request's rows, never the end of the sink."""
+        self.counters["misfits_dropped"] += 1
+        log.error("sink: dropped %s (request %r of %r)", what, key[1][:40], key[0][:40])
+        return None
 
     def error(self, identity, request_id, message: str):
         key = (identity, request_id)
@@ -237,6 +254,13 @@ class Sink:
         self.stop_deadline = 0.0
 
     def handle(self, frames: list[bytes]) -> None:
+        try:
+            self._handle(frames)
+        except Exception:  # a bug: one message must not end the sink (every reply after it would be lost)
+            log.exception("sink: could not handle an internal message (tag %r, %d frames); dropped", frames[0][:10],
+                          len(frames))
+
+    def _handle(self, frames: list[bytes]) -> None:
         tag = frames[0]
         reply = None
         if tag == RESULT and len(frames) == 9:
@@ -258,6 +282,7 @@ class Sink:
         else:
             log.error("sink: dropped an internal message with tag %r and %d frames", tag[:10], len(frames))
         if reply is not None:
+            reply[-1] = client_request_id(reply[-1])  # the id the client sent (protocol.SEQ_SEPARATOR)
             self.out.publish(reply)
 
     def _status(self, status: dict) -> dict:

@@ -55,13 +55,20 @@ class TaskAssembly:
         self.open: dict[tuple[bytes, bytes], dict] = {}
 
     def add(self, key, job_index: int, n_jobs: int, n_texts: int, offset: int, payload: bytes):
-        """The full result list when this slice completes the request, else None (duplicates: ``False``)."""
+        """The full result list when this slice completes the request, else None (duplicates: ``False``; a slice
+        that cannot belong to the request: a line saying why)."""
         rec = self.open.get(key)
         if rec is None:
+            if min(n_jobs, n_texts) < 1 or not 0 <= job_index < n_jobs:
+                return "a task result that describes no request"
             rec = self.open[key] = {"n_jobs": n_jobs, "got": set(), "out": [None] * n_texts}
         if job_index in rec["got"]:
             return False
         rows = json.loads(payload)
+        if not isinstance(rows, list) or (n_jobs, n_texts) != (rec["n_jobs"], len(rec["out"])) \
+                or not 0 <= offset <= n_texts - len(rows) or not 0 <= job_index < n_jobs:
+            return f"a task result of {len(rows) if isinstance(rows, list) else '?'} rows at row {offset} that " \
+                   f"does not fit the request's {len(rec['out'])}"
         rec["out"][offset:offset + len(rows)] = rows
         rec["got"].add(job_index)
         if len(rec["got"]) < rec["n_jobs"]:

@@ -47,6 +47,7 @@ from bertopt.protocol import (
     LANE_BULK,
     LANE_PRIORITY,
     READY,
+    SEQ_SEPARATOR,
     SINK_STOP,
     STOP,
     ProtocolError,
@@ -450,6 +451,7 @@ class Ventilator:
         # the other models' clients out
         self.admission = {name: Admission(cfg["max_queued_requests"]) for name in self.scheduler.queues}
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
+        self.request_seq = 0  # numbers every ZeroMQ request taken (protocol.SEQ_SEPARATOR)
         self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
                          "rejected": 0, "dropped_no_address": 0}
         self.failure: str | None = None  # why the server cannot go on (every worker stopped), once it is so
@@ -480,6 +482,8 @@ class Ventilator:
             self.counters["dropped_no_address"] += 1
             return
         self.replies_owed += 1
+        self.request_seq += 1
+        req.request_id += SEQ_SEPARATOR + num(self.request_seq)  # the sink's key; replies carry the client's id
         if req.command is not None:
             self.counters["status_requests"] += 1
             self.sink.send_multipart([CONFIG, req.identity, req.request_id, json.dumps(self.status()).encode()])

@@ -41,6 +41,32 @@ def test_assembler_puts_rows_in_place_and_drops_duplicates():
     assert asm.counters["duplicates_dropped"] == 3 and asm.counters["replies"] == 1
 
 
+def test_assembler_drops_a_piece_that_does_not_fit_its_record_and_lives_on():
+    # a piece of another shape under an open key (two requests under one key, before the server numbered its
+    # requests) ended the sink with a numpy broadcast error, and every later request went unanswered
+    asm = Assembler()
+    first = np.ones((1, 4), np.float32)
+    assert asm.result(b"c", b"1#1", 0, 3, 3, 0, 4, first.tobytes()) is None
+    assert asm.result(b"c", b"1#1", 1, 3, 3, 2, 4, np.ones((2, 4), np.float32).tobytes()) is None  # rows 2-3 of 3
+    assert asm.result(b"c", b"1#1", 2, 3, 3, 1, 8, np.ones((1, 8), np.float32).tobytes()) is None  # another width
+    assert asm.result(b"c", b"1#1", 2, 9, 3, 1, 4, first.tobytes()) is None  # another count of pieces
+    assert asm.result(b"c", b"1#2", 5, 2, 3, 0, 4, first.tobytes()) is None  # a piece index past the count
+    assert asm.counters["misfits_dropped"] == 4
+    reply = asm.result(b"c", b"1#1", 2, 3, 3, 1, 4, np.full((1, 4), 2, np.float32).tobytes())  # the real piece
+    assert reply is None and asm.counters["misfits_dropped"] == 4
+    reply = asm.result(b"c", b"1#1", 1, 3, 3, 2, 4, np.full((1, 4), 3, np.float32).tobytes())
+    out = np.frombuffer(bytes(reply[2]), dtype=np.float32).reshape(json.loads(reply[1])["shape"])
+    np.testing.assert_array_equal(out, [[1] * 4, [2] * 4, [3] * 4])
+    assert asm.task_result(b"c", b"2#3", 0, 1, 2, 1, json.dumps([{"a": 1}, {"b": 2}]).encode()) is None
+    assert asm.counters["misfits_dropped"] == 5
+
+
+def test_the_client_sees_its_own_request_id_whatever_the_server_keys_it_by():
+    from bertopt.protocol import client_request_id
+
+    assert client_request_id(b"17#4") == b"17" and client_request_id(b"17") == b"17"
+
+
 def test_parse_request_accepts_tokenized_and_rejects_bad_payloads():
     req = parse_request([b"id", json.dumps([["hello", "world"], "x"]).encode(), b"3", b"2"], 1000)
     assert req.texts == ["hello world", "x"] and req.key == (b"id", b"3")

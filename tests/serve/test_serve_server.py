@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import wait
 
 import numpy as np
@@ -29,6 +30,46 @@ def test_encode_equals_in_process_predictor(tiny_server, tiny_predictor):
     assert got.dtype == np.float32 and got.shape == want.shape == (37, 32)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     np.testing.assert_allclose(single, tiny_predictor.encode(["the cat sat on the mat"]), atol=1e-5, rtol=0)
+
+
+def test_a_request_id_sent_again_is_answered_each_time_with_its_own_rows(tiny_server, tiny_predictor):
+    # a service that reconnects with a fixed identity counts its ids from the start again, and a client may send an
+    # id twice while the first is in flight: each request gets one reply, with its own texts' rows (the sink keyed
+    # both by (identity, id): the second went unanswered, or a piece of one landed in the other and ended the sink)
+    import zmq
+
+    identity = b"my-service"
+    first, second = make_texts(11, seed=7), make_texts(16, seed=8)
+    with tiny_server.client(identity=identity.decode()) as client:
+        np.testing.assert_allclose(client.encode(first), tiny_predictor.encode(first), atol=1e-5, rtol=0)
+    ctx = zmq.Context()
+    push, sub = ctx.socket(zmq.PUSH), ctx.socket(zmq.SUB)
+    try:
+        for sock in (push, sub):
+            sock.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, identity)
+        sub.setsockopt(zmq.RCVTIMEO, 60_000)
+        sub.connect(f"tcp://127.0.0.1:{tiny_server.port_out}")
+        push.connect(f"tcp://127.0.0.1:{tiny_server.port}")
+        time.sleep(0.3)  # the subscription reaches the server before the replies do
+        for texts in (first, second, first):  # request id 1 again (the client above used it), three times at once
+            push.send_multipart([identity, json.dumps(texts).encode(), b"1", b"%d" % len(texts)])
+        replies = []
+        for _ in range(3):
+            frames = sub.recv_multipart()
+            assert frames[-1] == b"1", frames[-1]
+            info = json.loads(frames[1])
+            replies.append(np.frombuffer(frames[2], dtype=np.float32).reshape(info["shape"]))
+    finally:
+        push.close()
+        sub.close()
+        ctx.term()
+    assert sorted(r.shape[0] for r in replies) == [11, 11, 16]
+    for rows in replies:
+        want = tiny_predictor.encode(first if len(rows) == 11 else second)
+        np.testing.assert_allclose(rows, want, atol=1e-5, rtol=0)
+    with tiny_server.client() as client:  # and the server goes on
+        assert client.status()["duplicates_dropped"] == 0
 
 
 def test_concurrent_clients_and_one_shared_client(tiny_server, tiny_predictor):
