@@ -376,7 +376,7 @@ BENCH_HELP = ("Measure artifacts through the Predictor: throughput at batch 32 p
 def _bench(config) -> None:
     from rich.console import Console
 
-    console = Console()
+    console = Console(emoji=False)
     settings = Settings(**SETTINGS_FIELDS.kwargs(config))
     artifacts = [Path(a) for a in config["artifacts"]]
     json_out = Path(config["json_out"]) if config["json_out"] else None

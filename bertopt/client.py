@@ -70,8 +70,13 @@ class Client:
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
         if curve_keys:
             self._use_curve(curve_keys)
-        self._sender.connect(f"tcp://{ip}:{port}")
-        self._receiver.connect(f"tcp://{ip}:{port_out}")
+        try:
+            self._sender.connect(f"tcp://{ip}:{port}")
+            self._receiver.connect(f"tcp://{ip}:{port_out}")
+        except zmq.ZMQError as exc:  # a malformed address ("bad host", "a:b"): the caller's input, said as such
+            self._ctx.destroy(linger=0)
+            raise UserError(f"cannot address a server at {ip!r} (ports {port}/{port_out}): {exc.strerror}; give "
+                            "a host name or IP address (--ip / --server)") from None
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[Future, float]] = {}
         self._next_id = 0

@@ -49,7 +49,7 @@ COMMANDS = (SHOW_CONFIG, SHOW_STATUS)
 MAX_IDENTITY_BYTES = 255  # ZeroMQ subscription topics longer than this are not client ids
 MAX_MODEL_BYTES = 128  # a model name (``bertopt serve NAME=PATH``)
 MODEL_PREFIX = b"model="  # the optional fifth request frame: model=NAME (bertopt's Client(model=...))
-_REQ_ID = re.compile(rb"^[0-9]{1,20}$")
+_REQ_ID = re.compile(rb"[0-9]{1,20}")  # used with fullmatch: "$" would let a trailing newline through
 
 # inside the server a ZeroMQ request is keyed by its client's id and a number of the server's own
 # (``REQUEST_ID#SEQ``): two requests that reuse an id (a client that reconnects with a fixed identity and counts from
@@ -217,7 +217,7 @@ def parse_request(frames: list[bytes], max_bytes: int, limits: RequestLimits = D
         raise ProtocolError(f"malformed request: expected 4 frames [identity, payload, request id, count] (and "
                             f"optionally a fifth, model=NAME), got {len(frames)}; use bertopt.client.Client or "
                             "bert-serving-client", identity, request_id)
-    if not _REQ_ID.match(request_id):
+    if not _REQ_ID.fullmatch(request_id):
         raise ProtocolError(f"malformed request: request id {request_id[:40]!r} is not a decimal number; "
                             "number requests 1, 2, 3, ...", identity, request_id)
     model = _model_frame(frames[4][len(MODEL_PREFIX):], identity, request_id) if len(frames) == 5 else None

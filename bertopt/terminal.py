@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: a path or host a user typed (":fire:", "a:b:5555") is printed as typed, never as an emoji
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def whole_cells(table, console):

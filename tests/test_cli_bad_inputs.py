@@ -324,6 +324,31 @@ CASES = {
         ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"], "'threads' must be at least 1",
         [c.tmp / "r"]),
     "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "serve: 'port' must be between 1 and 65535", []),
+    "serve --http-port the same as --port": lambda c: (
+        ["serve", c.tiny, "--port", "5555", "--port-out", "5556", "--http-port", "5555"],
+        "--http-port 5555 is also the ZeroMQ --port; give each its own port", []),
+    "serve --device-map of no numbers": lambda c: (
+        ["serve", c.tiny, "--device-map", ",,"], "is not a list of GPU numbers (0 or more)", []),
+    "serve --device-map negative": lambda c: (
+        ["serve", c.tiny, "--device-map", "-1"], "is not a list of GPU numbers (0 or more)", []),
+    # secret keys beside other files end up shipped with them (here: inside an artifact)
+    "serve --make-curve-keys into an artifact": lambda c: (
+        ["serve", "--make-curve-keys", c.copy_artifact()], "is not an empty folder; secret keys go in a folder of "
+        "their own", [c.tmp / "art" / "server.key_secret", c.tmp / "art" / "authorized"]),
+    "client status --ip with a space": lambda c: (
+        ["client", "status", "--ip", "bad host"], "cannot address a server at 'bad host'", []),
+    "kafka --group-id empty": lambda c: (
+        ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
+         "--group-id", ""], "kafka: 'group_id' must not be empty", []),
+    # librdkafka ends the process with a C assertion (exit 134) on an empty group id
+    "kafka -X group.id= (empty)": lambda c: (
+        ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
+         "-X", "group.id=", "--connect-timeout", "1"], "the consumer's group.id is empty (from -X)", []),
+    "spark-predict --master malformed": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "o", "--master", "x://"],
+        "--master 'x://' is not a Spark master; give local[N]", [c.tmp / "o"]),
+    "inspect a path with an emoji code": lambda c: (
+        ["inspect", c.tmp / ":fire:" / "x"], ":fire:/x", []),
     "serve --num-worker 0": lambda c: (
         ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be at least 1", []),
     "serve --max-seq-len 0": lambda c: (

@@ -244,6 +244,8 @@ def kafka_configs(cfg: BridgeConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         else:
             consumer[key] = value
             producer[key] = value
+    if not str(consumer.get("group.id", "")).strip():  # librdkafka aborts the process (a C assertion) on ''
+        raise UserError("the consumer's group.id is empty (from -X); give a consumer group name, or drop that -X")
     return consumer, producer
 
 

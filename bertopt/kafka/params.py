@@ -24,7 +24,7 @@ BRIDGE_PARAMS = [
     Param("response_topic", str, None, "Topic the responses go to, keyed by the request's key and carrying its id.",
           required=True, check=_not_blank),
     Param("group_id", str, "bertopt-kafka", "Consumer group: bridges sharing it split the request partitions "
-          "between them.", aliases=("-g",)),
+          "between them.", aliases=("-g",), check=_not_blank),
     Param("max_batch", int, 64, "Most requests run through the model as one batch.", min=1),
     Param("max_wait_ms", int, 50, "How long to wait for a batch to fill before running what arrived.", min=0),
     MAX_TEXTS_PARAM.with_(help="A request with more texts gets an error response (responses must fit in one Kafka "

@@ -18,7 +18,7 @@ def _print_status(status: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(status, indent=2, default=str))
         return
-    console = Console()
+    console = Console(emoji=False)
     workers = status.pop("workers", [])
     table = Table(title="bertopt server", title_justify="left", show_header=False)
     table.add_column("key", style="bold")

@@ -13,9 +13,11 @@ def _not_blank(value: str) -> str | None:
 
 def _gpu_numbers(value: str) -> str | None:
     try:
-        [int(v) for v in value.split(",") if v.strip()]
+        numbers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         return f"{value!r} is not a list of GPU numbers; use e.g. --device-map 0,1"
+    if not numbers or min(numbers) < 0:  # ',,' would serve on the CPU without a word
+        return f"{value!r} is not a list of GPU numbers (0 or more); use e.g. --device-map 0,1"
     return None
 
 

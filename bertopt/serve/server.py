@@ -98,6 +98,9 @@ class ServeConfig:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
         if self.port == self.port_out:
             raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
+        if self.http_port is not None and self.zmq and self.http_port in (self.port, self.port_out):
+            which = "--port" if self.http_port == self.port else "--port-out"
+            raise UserError(f"--http-port {self.http_port} is also the ZeroMQ {which}; give each its own port")
         specs = self.model_specs()
         for spec in specs:
             check_name(spec.name, "serve")
@@ -168,9 +171,12 @@ def make_curve_keys(keys_dir: str) -> Path:
     import zmq.auth
 
     root = Path(keys_dir)
-    (root / "authorized").mkdir(parents=True, exist_ok=True)
     if (root / "server.key_secret").exists():
         raise UserError(f"{root} already holds server keys; choose an empty folder")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        # secret keys beside other files end up shipped with them (an artifact folder, a repository)
+        raise UserError(f"{root} is not an empty folder; secret keys go in a folder of their own: choose a new one")
+    (root / "authorized").mkdir(parents=True, exist_ok=True)
     zmq.auth.create_certificates(str(root), "server")
     zmq.auth.create_certificates(str(root), "client")
     (root / "authorized" / "client.key").write_bytes((root / "client.key").read_bytes())

@@ -18,6 +18,10 @@ def is_local(master: str) -> bool:
     return master.strip().startswith("local")
 
 
+# the forms SparkContext accepts (it refuses anything else after starting the JVM)
+_MASTER = re.compile(r"local(\[(\*|\d+)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://\S+")
+
+
 def get_session(master: str = "local[2]", app_name: str = "bertopt", conf: dict[str, str] | None = None):
     """A SparkSession (the active one if it exists, else a new one) tuned for model inference.
 
@@ -25,6 +29,9 @@ def get_session(master: str = "local[2]", app_name: str = "bertopt", conf: dict[
     has bertopt installed). Python worker reuse is switched on explicitly: bertopt's per-process model cache
     (and Spark's own ModelCache) only avoid re-loading the model when workers outlive a task.
     """
+    if not _MASTER.fullmatch(str(master)):  # said before the JVM starts (it prints a stack trace of its own)
+        raise UserError(f"--master {master!r} is not a Spark master; give local[N], spark://HOST:PORT, yarn or "
+                        "k8s://URL")
     require("pyspark", "spark", "Spark batch inference")
     from pyspark.sql import SparkSession
 
@@ -45,7 +52,14 @@ def get_session(master: str = "local[2]", app_name: str = "bertopt", conf: dict[
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the JVM did not start (a malformed --master, no Java): py4j / pyspark errors only
+        if type(exc).__module__.split(".")[0] not in ("pyspark", "py4j"):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"Spark did not start with --master {master!r} ({first[:200]}); give local[N], "
+                        "spark://HOST:PORT, yarn or k8s://URL, and check that Java 17 is installed") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -75,6 +75,9 @@ def test_parse_request_accepts_tokenized_and_rejects_bad_payloads():
     assert exc.value.identity is None
     with pytest.raises(ProtocolError, match="exceeds"):
         parse_request([b"id", b'["' + b"a" * 2000 + b'"]', b"1", b"1"], 1000)
+    for bad_id in (b"1\n", b"1#2", b" 1"):  # digits only: "#" is the server's own (protocol.SEQ_SEPARATOR)
+        with pytest.raises(ProtocolError, match="request id"):
+            parse_request([b"id", b'["a"]', bad_id, b"1"], 1000)
 
 
 def test_cut_request_bounds_tokens_and_texts_per_piece_in_order():
