@@ -94,6 +94,8 @@ class Param:
                 raise ValueError(value)
             if self.type in (int, float) and isinstance(value, bool):
                 raise ValueError(value)
+            if self.type is str and isinstance(value, (list, tuple, dict, set)):  # a recipe's [x] is no name
+                raise ValueError(value)
             out = self.type(value)
         except (TypeError, ValueError):
             raise UserError(

@@ -345,6 +345,10 @@ def check_recipe(recipe: Recipe, base: Path, model: str | None = None) -> None:
     where = str(recipe.path or recipe.name)
     for i, (name, config) in enumerate(recipe.stages):
         preflight_stage(get_stage(name), config, f"{where}: stages[{i}] {name}")
+    if recipe.tune:
+        from bertopt.tune import TUNE_PARAMS
+
+        check_input_files(TUNE_PARAMS, recipe.tune, f"{where}: tune")
     if recipe.validate:
         check_input_files(VALIDATE_PARAMS, recipe.validate, f"{where}: validate")
         from bertopt.measure.data import load_texts

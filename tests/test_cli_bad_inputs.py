@@ -606,6 +606,9 @@ CASES = {
     "tune --candidates empty": lambda c: (
         ["tune", c.tiny_hf, "--candidates", ",", "--out", c.tmp / "a"], "'candidates' is empty; name one or more",
         [c.tmp / "a", c.tmp / "a-report"]),
+    "run: a tune recipe whose data file is missing": lambda c: (
+        ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{data: 5}}\n"), "--out", c.tmp / "a"],
+        "recipe.yaml: tune: 'data' file 5 is not found", [c.tmp / "a"]),
     "run: YAML alias bomb (billion laughs)": lambda c: (
         ["run", c.recipe(_alias_bomb()), "--out", c.tmp / "a"], "the YAML expands to more than", [c.tmp / "a"]),
     "run: YAML nested thousands deep": lambda c: (

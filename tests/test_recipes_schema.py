@@ -40,6 +40,8 @@ def _write(tmp_path, text):
     ("stages: [export]\nvalidate: {batch_sizes: [a]}\n", "validate: 'batch_sizes' takes whole numbers like 1,32"),
     ("stages: [export]\nvalidate: {batch_sizes: [1.5]}\n", "validate: 'batch_sizes' takes whole numbers"),
     ("stages: [export]\nvalidate: {targets: ','}\n", "',' names no target"),
+    # a list where a name goes was turned into the text "['x']"
+    ("model: builtin:minilm\ntune: {text_column: [x]}\n", r"tune: 'text_column' must be str, got \['x'\]"),
     ("stages:\n  - export: {opset: 11}\n", "'opset' must be between 17 and 21"),
     ("stages: [export\n", "not valid YAML"),
     ("tune: {time_budget: 5m}\nstages: [export]\n", "a recipe with 'tune' has no 'stages'"),
