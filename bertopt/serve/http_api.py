@@ -191,18 +191,18 @@ class RequestHandling:
         except UserError as exc:
             raise Problem(400 if status == 400 else 422, str(exc), param=param) from None
 
-    def long_input_policy(self, body: dict) -> str:
+    def long_input_policy(self, body: dict, status: int = 422) -> str:
         """What this request does with an input over the window: its ``long_inputs`` field, else TEI's
         ``truncate`` (true: truncate; false: not truncated, so an error where the server would truncate), else
         the server's ``--long-inputs``."""
-        truncate = self.flag(body, "truncate", False) if "truncate" in body else None
+        truncate = self.flag(body, "truncate", False, status) if "truncate" in body else None
         if "long_inputs" in body:
             policy = body["long_inputs"]
             if policy not in LONG_INPUT_POLICIES:
-                raise Problem(422, f"'long_inputs' must be one of {', '.join(LONG_INPUT_POLICIES)}, got {policy!r}",
+                raise Problem(status, f"'long_inputs' must be one of {', '.join(LONG_INPUT_POLICIES)}, got {policy!r}",
                               param="long_inputs")
             if truncate is not None and truncate != (policy == "truncate"):
-                raise Problem(422, f"'truncate': {str(truncate).lower()} contradicts 'long_inputs': {policy!r}; "
+                raise Problem(status, f"'truncate': {str(truncate).lower()} contradicts 'long_inputs': {policy!r}; "
                               "send one of them", param="long_inputs")
             return policy
         if truncate:
@@ -212,10 +212,11 @@ class RequestHandling:
         return self.long_inputs
 
     @staticmethod
-    def flag(body: dict, name: str, default: bool) -> bool:
+    def flag(body: dict, name: str, default: bool, status: int = 422) -> bool:
+        """A true/false field; ``status``: 400 on OpenAI's routes (every invalid request), TEI's 422 elsewhere."""
         value = body.get(name, default)
         if not isinstance(value, bool):
-            raise Problem(422, f"'{name}' must be true or false, got {value!r}", param=name)
+            raise Problem(status, f"'{name}' must be true or false, got {value!r}", param=name)
         return value
 
     # -- token counting -----------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class OpenAIRoutes(RequestHandling):
                           param="encoding_format")
         dims = body.get("dimensions")
         kind, items = self.parse_inputs(body["input"], "input", 400)
-        policy = self.long_input_policy(body)
+        policy = self.long_input_policy(body, 400)
         vectors, tokens = await self.embeddings(kind, items, policy, "input", 400)
         if dims is not None:
             vectors = self.truncate_dims(vectors, dims)

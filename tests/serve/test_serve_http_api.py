@@ -118,6 +118,10 @@ def test_tei_routes_answer_like_the_in_process_runtime(emb_server, tiny_predicto
     ("/v1/embeddings", {"input": ["x"] * 3000, "model": "m"}, 400, "limit of 2048"),
     ("/v1/embeddings", {"input": "x", "model": "m", "encoding_format": "hex"}, 400, "'encoding_format'"),
     ("/v1/embeddings", {"input": "x", "model": "m", "dimensions": 9999}, 400, "'dimensions' must be"),
+    # OpenAI's routes answer every invalid request 400 (these two said 422, TEI's code)
+    ("/v1/embeddings", {"input": "x", "model": "m", "truncate": "yes"}, 400, "'truncate' must be true or false"),
+    ("/v1/embeddings", {"input": "x", "model": "m", "long_inputs": ["x"]}, 400, "'long_inputs' must be one of"),
+    ("/embed", {"inputs": "x", "long_inputs": "cut"}, 422, "'long_inputs' must be one of"),
     ("/v1/embeddings", b"[1, 2", 400, "not valid JSON"),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(emb_server, route, body, status, message):
