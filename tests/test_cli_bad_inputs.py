@@ -199,30 +199,13 @@ def _hf_edited(c: Ctx, file: str, edit) -> Path:
     return folder
 
 
-def _with_key(key, value):
+def _set_in(path: tuple, value):
+    """An edit setting the value at ``path`` (keys and list indices) of a manifest."""
     def edit(m):
-        m[key] = value
-        return m
-    return edit
-
-
-def _edited_source(source):
-    def edit(m):
-        m["lineage"]["source"] = source
-        return m
-    return edit
-
-
-def _model_key(key, value):
-    def edit(m):
-        m["model"][key] = value
-        return m
-    return edit
-
-
-def _edited_entry(section, i, key, value):
-    def edit(m):
-        m[section][i][key] = value
+        inner = m
+        for key in path[:-1]:
+            inner = inner[key]
+        inner[path[-1]] = value
         return m
     return edit
 
@@ -327,6 +310,9 @@ CASES = {
     "serve --http-port the same as --port": lambda c: (
         ["serve", c.tiny, "--port", "5555", "--port-out", "5556", "--http-port", "5555"],
         "--http-port 5555 is also the ZeroMQ --port; give each its own port", []),
+    "serve --bind an address of no interface here": lambda c: (
+        ["serve", c.tiny, "--bind", "999.1.1.1", "--port", "5555", "--port-out", "5556", "--num-worker", "1"],
+        "cannot listen on --bind '999.1.1.1'", []),
     "serve --device-map of no numbers": lambda c: (
         ["serve", c.tiny, "--device-map", ",,"], "is not a list of GPU numbers (0 or more)", []),
     "serve --device-map negative": lambda c: (
@@ -531,28 +517,28 @@ CASES = {
         ["export", _hf_edited(c, "config.json", lambda m: [m]), "--out", c.tmp / "a"],
         "config.json holds a JSON list, not an object", [c.tmp / "a"]),
     "export: config.json negative positions": lambda c: (
-        ["export", _hf_edited(c, "config.json", _with_key("max_position_embeddings", -1)), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "config.json", _set("max_position_embeddings", -1)), "--out", c.tmp / "a"],
         "'max_position_embeddings' must be a positive whole number, got -1", [c.tmp / "a"]),
     "export: config.json zero attention heads": lambda c: (
-        ["export", _hf_edited(c, "config.json", _with_key("num_attention_heads", 0)), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "config.json", _set("num_attention_heads", 0)), "--out", c.tmp / "a"],
         "'num_attention_heads' must be a positive whole number, got 0", [c.tmp / "a"]),
     "export: config.json hidden size a string": lambda c: (
-        ["export", _hf_edited(c, "config.json", _with_key("hidden_size", "x")), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "config.json", _set("hidden_size", "x")), "--out", c.tmp / "a"],
         "'hidden_size' must be a positive whole number, got 'x'", [c.tmp / "a"]),
     "export: config.json heads that do not divide the width": lambda c: (
-        ["export", _hf_edited(c, "config.json", _with_key("hidden_size", 30)), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "config.json", _set("hidden_size", 30)), "--out", c.tmp / "a"],
         "cannot load the model in", [c.tmp / "a"]),
     "export: config.json id2label a list": lambda c: (
-        ["export", _hf_edited(c, "config.json", _with_key("id2label", [1, 2])), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "config.json", _set("id2label", [1, 2])), "--out", c.tmp / "a"],
         "'id2label' must be an object", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),
     "export: sentence_bert_config.json max_seq_length a string": lambda c: (
-        ["export", _hf_edited(c, "sentence_bert_config.json", _with_key("max_seq_length", "x")), "--out",
+        ["export", _hf_edited(c, "sentence_bert_config.json", _set("max_seq_length", "x")), "--out",
          c.tmp / "a"], "'max_seq_length' must be a positive whole number, got 'x'", [c.tmp / "a"]),
     "export: sentence_bert_config.json max_seq_length 1": lambda c: (
-        ["export", _hf_edited(c, "sentence_bert_config.json", _with_key("max_seq_length", 1)), "--out", c.tmp / "a"],
+        ["export", _hf_edited(c, "sentence_bert_config.json", _set("max_seq_length", 1)), "--out", c.tmp / "a"],
         "a maximum of 1 tokens per text leaves no room for the text", [c.tmp / "a"]),
     "export: modules.json a number": lambda c: (
         ["export", _hf_edited(c, "modules.json", lambda m: 5), "--out", c.tmp / "a"],
@@ -569,27 +555,28 @@ CASES = {
         ["serve", c.tiny, "--port", "5555", "--port-out", "5556", "--max-seq-len", "1"],
         "a maximum of 1 tokens per text leaves no room", []),
     "bench: a manifest max_seq_len below 1": lambda c: (
-        ["bench", c.edited_manifest(_model_key("max_seq_len", -5)), "--rounds", "1"],
+        ["bench", c.edited_manifest(_set_in(("model", "max_seq_len"), -5)), "--rounds", "1"],
         "a maximum of -5 tokens per text is no length", []),
     "bench --seq-len past the positions": lambda c: (
         ["bench", c.tiny, "--rounds", "1", "--seq-len", "128"],
         "128 tokens per text exceed the model's 64 positions; use --seq-len and --latency-seq-len", []),
     # a manifest that does not describe its model file: one line when the session opens, not the runtime's error
     "bench: a manifest input of an unknown role": lambda c: (
-        ["bench", c.edited_manifest(_edited_entry("inputs", 0, "role", "weird")), "--rounds", "1"],
+        ["bench", c.edited_manifest(_set_in(("inputs", 0, "role"), "weird")), "--rounds", "1"],
         "inputs[0] ('input_ids') has role 'weird', which bertopt cannot feed", []),
     "bench: a manifest missing an input": lambda c: (
         ["bench", c.edited_manifest(lambda m: {**m, "inputs": m["inputs"][:1]}), "--rounds", "1"],
         "the model needs input 'attention_mask', which the manifest does not list", []),
     "bench: a manifest output the model has not": lambda c: (
-        ["bench", c.edited_manifest(_edited_entry("outputs", 1, "name", "nope")), "--rounds", "1"],
+        ["bench", c.edited_manifest(_set_in(("outputs", 1, "name"), "nope")), "--rounds", "1"],
         "the manifest lists output 'nope', which the model has not", []),
     "validate: a lineage source of an unknown kind": lambda c: (
-        ["validate", c.edited_manifest(_edited_source({"kind": "bogus"})), "--no-latency", "--report-dir",
-         c.tmp / "r"], "the source model recorded in", [c.tmp / "r"]),
+        ["validate", c.edited_manifest(_set_in(("lineage", "source"), {"kind": "bogus"})), "--no-latency",
+         "--report-dir", c.tmp / "r"], "the source model recorded in", [c.tmp / "r"]),
     "validate: a lineage source path that is a number": lambda c: (
-        ["validate", c.edited_manifest(_edited_source({"kind": "hf", "path": 5})), "--no-latency", "--report-dir",
-         c.tmp / "r"], "is incomplete (kind 'hf', path 5); name a reference with --reference", [c.tmp / "r"]),
+        ["validate", c.edited_manifest(_set_in(("lineage", "source"), {"kind": "hf", "path": 5})),
+         "--no-latency", "--report-dir", c.tmp / "r"],
+        "is incomplete (kind 'hf', path 5); name a reference with --reference", [c.tmp / "r"]),
     # an option of another runtime or provider would be recorded in the lineage and do nothing
     "compile --runtime onnxruntime --inference-precision bf16": lambda c: (
         ["compile", c.tiny, "--runtime", "onnxruntime", "--inference-precision", "bf16", "--out", c.tmp / "a"],

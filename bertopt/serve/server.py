@@ -15,6 +15,7 @@ finish every request taken, stop workers and sink, return normally (exit 0).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -165,6 +166,20 @@ def _curve_server_keys(keys_dir: str | None) -> tuple[str, str] | None:
     return public.decode(), secret.decode()
 
 
+def exposure_warnings(c: ServeConfig) -> list[str]:
+    """What a server listening beyond this machine leaves open (no error: a private network may be meant)."""
+    if c.bind in ("127.0.0.1", "::1", "localhost"):
+        return []
+    lines = []
+    if c.zmq and not c.curve_keys:
+        lines.append(f"listening on {c.bind} without --curve-keys: anyone who reaches port {c.port} can send "
+                     f"requests, and anyone who subscribes to port {c.port_out} reads every reply")
+    if c.http_port is not None and not c.api_key:
+        lines.append(f"listening on {c.bind} without --api-key: anyone who reaches port {c.http_port} can send "
+                     "requests")
+    return lines
+
+
 def make_curve_keys(keys_dir: str) -> Path:
     """Server and one client key pair; clients listed in DIR/authorized/*.key may connect."""
     require("zmq", "serve", "CurveZMQ")
@@ -234,6 +249,9 @@ class Server:
             frontend.bind(f"tcp://{cfg.bind}:{cfg.port}")
         except zmq.ZMQError as exc:
             frontend.close(0)
+            if exc.errno in (errno.ENODEV, errno.EINVAL):  # the address, not the port
+                raise UserError(f"cannot listen on --bind {cfg.bind!r} ({exc.strerror}): it is no address of this "
+                                "machine; give one of its addresses, 127.0.0.1 (the default) or 0.0.0.0") from None
             raise UserError(f"cannot bind {cfg.bind}:{cfg.port} ({exc}); choose another --port or stop the "
                             "process using it") from None
         return frontend
@@ -392,6 +410,8 @@ def serve(cfg: ServeConfig, on_ready: Callable[[str], None] = print,
     server = Server(cfg)
     try:
         server.start(progress)
+        for line in exposure_warnings(cfg):
+            log.warning("%s", line)
         on_ready(server.describe())
         server.run(lambda: stop["signal"] is not None)
         log.info("all requests answered; stopping workers")

@@ -107,3 +107,18 @@ def test_zmq_clients_cannot_use_the_http_identity():
     with pytest.raises(ProtocolError, match="reserved") as exc:
         parse_request([HTTP_IDENTITY, b'["x"]', b"1", b"1"], 1000)
     assert exc.value.identity is None  # dropped, not answered into the HTTP front end
+
+
+def test_a_server_listening_beyond_this_machine_says_what_it_leaves_open():
+    # said on the server's log as it starts (bound on 127.0.0.1 by default: nothing to say); the suite never binds
+    # beyond loopback, so the lines are checked on the configuration
+    from bertopt.serve.server import ServeConfig, exposure_warnings
+
+    assert exposure_warnings(ServeConfig(artifact="a", http_port=8080)) == []
+    open_both = exposure_warnings(ServeConfig(artifact="a", bind="0.0.0.0", port=5555, port_out=5556, http_port=8080))
+    assert open_both == [
+        "listening on 0.0.0.0 without --curve-keys: anyone who reaches port 5555 can send requests, and anyone who "
+        "subscribes to port 5556 reads every reply",
+        "listening on 0.0.0.0 without --api-key: anyone who reaches port 8080 can send requests"]
+    assert exposure_warnings(ServeConfig(artifact="a", bind="0.0.0.0", curve_keys="keys", http_port=8080,
+                                         api_key="secret")) == []
