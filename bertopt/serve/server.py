@@ -215,6 +215,9 @@ class Server:
         self.auth = None
         self._stopped = False
 
+    def _sink_alive(self) -> bool:
+        return self.sink_proc is not None and self.sink_proc.poll() is None
+
     def _start_sink(self, curve, http_reply: str | None) -> str:
         scfg = {"bind": self.cfg.bind, "port_out": self.cfg.port_out if self.cfg.zmq else None,
                 "grace_s": self.cfg.grace_s, "log_level": self.cfg.log_level,
@@ -315,7 +318,8 @@ class Server:
             worker_cfgs = {m["name"]: self._worker_cfg(m, router_port, sink_addr) for m in self.models}
             tokenizers = {m["name"]: load_tokenizer(Path(m["tokenizer"]), m["max_seq_len"]) for m in self.models}
             self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, worker_cfgs, http_in=http_in,
-                                         tokenizers=tokenizers, metrics=http.metrics if http else None)
+                                         tokenizers=tokenizers, metrics=http.metrics if http else None,
+                                         sink_alive=self._sink_alive)
             if http is not None:
                 http.start(self.ventilator)  # answers /health with 503 until the workers are ready
             self.ventilator.start_workers(cfg.startup_timeout_s, progress)

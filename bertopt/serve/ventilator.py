@@ -429,8 +429,12 @@ class Scheduler:
 
 class Ventilator:
     def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfgs: dict[str, dict[str, Any]],
-                 http_in=None, tokenizers: dict[str, Any] | None = None, metrics=None):
+                 http_in=None, tokenizers: dict[str, Any] | None = None, metrics=None,
+                 sink_alive: Callable[[], bool] | None = None):
+        """``sink_alive``: whether the sink process still runs (every reply goes through it)."""
         import zmq
+
+        self.sink_alive = sink_alive
 
         self.zmq = zmq
         self.ctx = ctx
@@ -682,7 +686,12 @@ class Ventilator:
                  len(self.scheduler), sum(len(s.in_flight()) for s in self.workers))
 
     def _supervise(self) -> bool:
-        """Restart dead workers and re-send their work; False when no worker can run at all."""
+        """Restart dead workers and re-send their work; False when no worker can run at all, or the sink stopped
+        (nothing could be answered: the server stops and says why, instead of taking requests it cannot answer
+        while /health says ok)."""
+        if self.sink_alive is not None and not self.sink_alive():
+            self.failure = "the sink process (it sends every reply) stopped; see the log above"
+            return False
         for job in self.pool.reap_dead():
             self.scheduler.requeue(job, "a worker died")
         if not self.pool.any_alive():

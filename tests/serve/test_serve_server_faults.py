@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from concurrent.futures import wait
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +144,25 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_no_processes(tiny_onnx, 
     with server.client(timeout=0.5) as client:
         with pytest.raises(TimeoutError):
             client.encode(["late"])
+
+
+def test_a_sink_that_dies_stops_the_server_with_its_reason(tiny_onnx, start_server):
+    # every reply goes through the sink: without it the server took requests it could never answer while /health
+    # said ok; it now stops, says why, and leaves no process behind (a supervisor restarts it)
+    server = start_server(tiny_onnx.path, num_worker=1, http=True)
+    with server.client(timeout=60) as client:
+        client.encode(["answered while the sink runs"])
+    sinks = [pid for pid in server.children if b"bertopt.serve.sink" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(sinks) == 1, server.children
+    os.kill(sinks[0], signal.SIGKILL)
+    code = server.proc.wait(60)
+    assert code == 2, server.log()
+    err = server.err_path.read_text().strip().splitlines()
+    assert err[-1] == "error: the sink process (it sends every reply) stopped; see the log above", err[-3:]
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in server.children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in server.children if alive(p)], "orphan processes left behind"
 
 
 def test_serve_user_errors_are_one_line_exit_2(tmp_path, tiny_onnx, cli):
