@@ -596,6 +596,13 @@ CASES = {
     "run: a tune recipe whose data file is missing": lambda c: (
         ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{data: 5}}\n"), "--out", c.tmp / "a"],
         "recipe.yaml: tune: 'data' file 5 is not found", [c.tmp / "a"]),
+    "quantize --op-types empty": lambda c: (
+        ["quantize", c.tiny, "--op-types", "", "--out", c.tmp / "o"], "'op_types' is empty; name operator types",
+        [c.tmp / "o"]),
+    # said before TensorFlow loads (its start-up lines came before the error line)
+    "bench --runtime tensorflow on an ONNX artifact": lambda c: (
+        ["bench", c.tiny, "--runtime", "tensorflow"],
+        "the TensorFlow runtime runs tf-graphdef and tf-savedmodel artifacts, not onnx", []),
     "run: YAML alias bomb (billion laughs)": lambda c: (
         ["run", c.recipe(_alias_bomb()), "--out", c.tmp / "a"], "the YAML expands to more than", [c.tmp / "a"]),
     "run: YAML nested thousands deep": lambda c: (

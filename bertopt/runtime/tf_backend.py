@@ -13,6 +13,9 @@ def open_tensorflow_session(model: ModelHandle, provider: str = "auto", threads:
     if provider not in ("auto", "cpu"):
         raise UserError(f"the TensorFlow runtime in bertopt runs on CPU; provider '{provider}' is not available "
                         "(use --provider cpu, or export the graph to ONNX for CUDA/TensorRT)")
+    if model.model_format not in ("tensorflow", "tf-graphdef", "tf-savedmodel"):  # said before TensorFlow loads
+        raise UserError(f"the TensorFlow runtime runs tf-graphdef and tf-savedmodel artifacts, not "
+                        f"{model.model_format}")
     require("tensorflow", "tf", "running TensorFlow artifacts")
     from bertopt.runtime.tf_session import session_for_model
 

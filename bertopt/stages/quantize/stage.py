@@ -34,7 +34,9 @@ METHOD_MODULES = (
 SHARED = (
     Param("op_types", list, ["MatMul", "Attention", "Gemm"], "int8: operator types to quantise (with --runtime "
           "openvino: weight MatMuls, and Gather for the embedding tables); with --accuracy-target also the "
-          "operators the search may keep fp32."),
+          "operators the search may keep fp32.",
+          check=lambda v: "is empty; name operator types like MatMul,Gemm, or leave it out for the default" if not v
+          else None),
     Param("exclude_nodes", list, [], "Node names to keep in fp32 (int8) or fp32 islands (fp16)."),
     Param("calibration_data", str, None, "Calibration text for static int8, smoothing, GPTQ and the accuracy "
           "search: a text file, one sentence a line (default: bertopt's built-in calibration text).", file=True),
