@@ -262,6 +262,8 @@ class KafkaBridge:
         # a backend's own limits on a request's texts and pairs (spark: no empty text)
         self._refuse = getattr(backend, "refuse", None)
         consumer_conf, producer_conf = kafka_configs(cfg)
+        # the brokers the consumer is told (an -X bootstrap.servers wins over --bootstrap), named in the errors
+        self.brokers = str(consumer_conf["bootstrap.servers"])
         try:
             self.consumer = self.ck.Consumer(consumer_conf)
             self.producer = self.ck.Producer(producer_conf)
@@ -277,13 +279,14 @@ class KafkaBridge:
         try:
             meta = self.consumer.list_topics(timeout=self.cfg.connect_timeout_s)
         except self.ck.KafkaException as exc:
-            raise UserError(f"cannot reach Kafka at {self.cfg.bootstrap} ({exc.args[0].str()}); check --bootstrap "
-                            "and that the brokers are up (security settings go in -X KEY=VALUE)") from exc
+            raise UserError(f"cannot reach Kafka at {self.brokers} ({exc.args[0].str()}); check --bootstrap "
+                            "(or -X bootstrap.servers) and that the brokers are up (security settings go in -X "
+                            "KEY=VALUE)") from exc
         for flag, topic in (("--request-topic", self.cfg.request_topic),
                             ("--response-topic", self.cfg.response_topic)):
             if topic not in meta.topics or meta.topics[topic].error is not None:
-                raise UserError(f"topic {topic!r} ({flag}) does not exist on {self.cfg.bootstrap}; create it first "
-                                f"(kafka-topics.sh --create --topic {topic} --bootstrap-server {self.cfg.bootstrap})")
+                raise UserError(f"topic {topic!r} ({flag}) does not exist on {self.brokers}; create it first "
+                                f"(kafka-topics.sh --create --topic {topic} --bootstrap-server {self.brokers})")
 
     # -- main loop ----------------------------------------------------------------------------------------
     def request_stop(self, signum=None, frame=None) -> None:

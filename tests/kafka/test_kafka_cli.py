@@ -43,6 +43,11 @@ def test_kafka_unreachable_cluster_exits_2(cli, tiny_onnx):
                        "--response-topic", "b", "--connect-timeout", "2")
     assert code == 2
     assert "cannot reach Kafka at 127.0.0.1:" in err and "check --bootstrap" in err
+    # the brokers actually used are named: an -X bootstrap.servers wins over --bootstrap
+    other = free_port()
+    code, _, err = cli("kafka", tiny_onnx.path, "--bootstrap", "127.0.0.1:9", "--request-topic", "a",
+                       "--response-topic", "b", "--connect-timeout", "2", "-X", f"bootstrap.servers=127.0.0.1:{other}")
+    assert code == 2 and f"cannot reach Kafka at 127.0.0.1:{other} (" in err, err
 
 
 def test_kafka_zmq_backend_without_a_server_exits_2(cli, tiny_onnx):
