@@ -465,7 +465,8 @@ def _report_folder(report_dir: Path) -> Iterator[None]:
     from bertopt.output_paths import temp_sibling
 
     old = None
-    if report_dir.exists() and any(report_dir.iterdir()):
+    empty_before = report_dir.exists() and not any(report_dir.iterdir())  # a folder made for it: kept
+    if report_dir.exists() and not empty_before:
         old = temp_sibling(report_dir, "old")
         os.replace(report_dir, old)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -481,6 +482,8 @@ def _report_folder(report_dir: Path) -> Iterator[None]:
             shutil.rmtree(report_dir, ignore_errors=True)
             if old is not None:
                 os.replace(old, report_dir)
+            elif empty_before:
+                report_dir.mkdir()
 
 
 def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:

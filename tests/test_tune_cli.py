@@ -282,6 +282,11 @@ def test_a_run_that_stops_early_keeps_the_earlier_report(tiny_model, tmp_path, c
     after = {p.relative_to(report): p.read_bytes() for p in report.rglob("*") if p.is_file()}
     assert after == before and _leftovers(tmp_path) == []
     Artifact.load(out)  # the artifact of the first run, whole
+    made = tmp_path / "made-for-it"  # an empty folder the user made for the report stays, empty
+    made.mkdir()
+    code, _, err = cli("tune", tiny_model, "--out", tmp_path / "other", "--report-dir", made, "--outputs", "nope",
+                       "--candidates", "onnxruntime-fp32", *FAST)
+    assert code == 2 and made.is_dir() and not any(made.iterdir()), err
 
 
 def _default_sigint() -> None:
