@@ -150,6 +150,7 @@ def session_for_model(model: ModelHandle, threads: int | None = None) -> TFSessi
         call = signature_call(signature_of(loaded, model.signature or "serving_default", str(model.model_path)))
         call.keep_alive = loaded  # the signature needs its SavedModel object alive
     else:
-        raise UserError(f"the TensorFlow runtime runs tf-graphdef and tf-savedmodel artifacts, not "
-                        f"{model.model_format}")
+        from bertopt.runtime.tf_backend import refuse_other_formats
+
+        refuse_other_formats(model)  # raises: the one statement of what this runtime runs
     return TFSession(call, list(model.inputs), names, threads=threads)

@@ -38,7 +38,8 @@ _CONFIG_ALIASES = {"hidden_size": ("dim",), "num_attention_heads": ("n_heads",),
 
 def _json_file(file: Path, fix: str, kind: type = dict) -> Any:
     """A model folder's JSON file whose top level is a ``kind`` (an object, or a list for modules.json); anything
-    else is one line naming the file and ending with ``fix``."""
+    else is one line naming the file and ending with ``fix``. Not ``artifact.read_json_file``: that one refuses
+    symlinks (an artifact is a boundary), and a Hugging Face cache snapshot's files are symlinks to its blobs."""
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
