@@ -149,8 +149,7 @@ def session_for_model(model: ModelHandle, threads: int | None = None) -> TFSessi
         loaded = tf.saved_model.load(str(model.model_path))
         call = signature_call(signature_of(loaded, model.signature or "serving_default", str(model.model_path)))
         call.keep_alive = loaded  # the signature needs its SavedModel object alive
-    else:
-        from bertopt.runtime.tf_backend import refuse_other_formats
-
-        refuse_other_formats(model)  # raises: the one statement of what this runtime runs
+    else:  # the backend (tf_backend.refuse_other_formats) refuses other formats before TensorFlow loads
+        raise ValueError(f"session_for_model got a {model.model_format} model; open it through the tensorflow "
+                         "backend")
     return TFSession(call, list(model.inputs), names, threads=threads)
