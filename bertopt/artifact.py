@@ -190,19 +190,19 @@ def _raw_external_data_files(model_file: Path, any_suffix: bool = False) -> list
         model = onnx.load(str(model_file), load_external_data=False)
     except (DecodeError, ValueError, OSError):
         return []  # not a readable ONNX graph: load_onnx reports that, with the fix, where the model is used
-    names = {e.value for t in _graph_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL
-             for e in t.external_data if e.key == "location"}
+    names = {e.value for t in _graph_tensors(model.graph, model.functions)
+             if t.data_location == onnx.TensorProto.EXTERNAL for e in t.external_data if e.key == "location"}
     return sorted(names)
 
 
-def _graph_tensors(graph):
+def _graph_tensors(graph, functions=()):
     """Every tensor a graph holds: initialisers (sparse ones too), node attributes, and those of subgraphs (If,
-    Loop, Scan bodies), walked without recursion."""
-    graphs = [graph]
+    Loop, Scan bodies) and of the model's local functions (a runtime inlines them), walked without recursion."""
+    graphs = [graph, *functions]  # a FunctionProto holds nodes as a graph does, and nothing else that is a tensor
     while graphs:
         g = graphs.pop()
-        yield from g.initializer
-        for sparse in g.sparse_initializer:
+        yield from getattr(g, "initializer", ())
+        for sparse in getattr(g, "sparse_initializer", ()):
             yield sparse.values
             yield sparse.indices
         for node in g.node:
@@ -216,8 +216,10 @@ def _graph_tensors(graph):
 
 
 def _may_name_external_data(model_file: Path) -> bool:
-    """False when the file cannot name external data: no ``location`` key (a protobuf string field: tag 0x0a,
-    length 8) anywhere in its bytes. Spares parsing a large single-file model just to find none."""
+    """False when the file cannot name external data: the word ``location`` (the key of an external-data entry)
+    is nowhere in its bytes. Protobuf stores a string's bytes as they are, so no encoding hides it (its tag and
+    length can be spelt in more than one way, so they are not part of what is looked for). Spares parsing a large
+    single-file model just to find none."""
     import mmap
 
     with open(model_file, "rb") as fh:
@@ -227,8 +229,8 @@ def _may_name_external_data(model_file: Path) -> bool:
             return mapped.find(_LOCATION_KEY) >= 0
 
 
-# how a TensorProto's external_data entry with key "location" starts in protobuf bytes (field 1, 8 bytes)
-_LOCATION_KEY = b"\x0a\x08location"
+# the key of a TensorProto's external_data entry naming its file, as it stands in the model's bytes
+_LOCATION_KEY = b"location"
 
 
 def _digest_of_files(files: dict[str, dict[str, Any]]) -> str:
@@ -285,6 +287,7 @@ class Artifact:
         files = self.manifest.get("files", {})
         external = set(self.manifest.get("external_data", []))
         names_external_data = False  # whether the model file's bytes hold a "location" key (seen while hashing)
+        model_head = b""  # the model file's first bytes: what it is, whatever its name says
         for rel, info in sorted(files.items()):
             kind = self._member_kind(rel)
             if kind == "missing":
@@ -318,6 +321,8 @@ class Artifact:
                 tail = b""
                 while block := fh.read(1 << 20):
                     digest.update(block)
+                    if rel == self.manifest["model_file"] and not model_head:
+                        model_head = block[:64]
                     if rel == self.manifest["model_file"] and not names_external_data:
                         names_external_data = _LOCATION_KEY in tail + block[:len(_LOCATION_KEY)] or \
                             _LOCATION_KEY in block
@@ -335,6 +340,7 @@ class Artifact:
             if weights not in files:  # OpenVINO reads model.bin beside model.xml: it must have been hashed
                 raise ArtifactError(f"artifact {self.path}: the OpenVINO IR's weights {weights} are not listed in the "
                                     "manifest, so they were never hashed; re-create the artifact")
+        self._check_model_kind(model_head)
         if self.model_format == "onnx" and names_external_data:
             model_file = PurePosixPath(self.manifest["model_file"])
             try:
@@ -349,6 +355,18 @@ class Artifact:
                         "does not list, so it was never hashed; re-create the artifact (bertopt writes and hashes "
                         "external data next to the model)"
                     )
+
+    def _check_model_kind(self, head: bytes) -> None:
+        """The model file is what its format says by its bytes, not only by its name: OpenVINO picks its reader
+        from the content, so an IR's "model.xml" holding an ONNX graph would be read with external data this
+        check never saw, and an ONNX "model.onnx" holding IR XML with a weights file beside it."""
+        if self.model_format not in ("onnx", "openvino-ir"):
+            return
+        is_xml = head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<")
+        if is_xml != (self.model_format == "openvino-ir"):
+            found = "XML (an OpenVINO IR)" if is_xml else "not XML"
+            raise ArtifactError(f"artifact {self.path}: its manifest says {self.model_format}, but "
+                                f"{self.manifest['model_file']} is {found}; re-create the artifact")
 
     def _member_kind(self, rel: str) -> str:
         """What ``rel`` (already a plain relative path) is on disk, looking at every component without following
@@ -680,6 +698,9 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
                       "nothing of it was hashed")
     elif model_file not in files:
         raise bad(f"'model_file' {model_file!r:.80} is not in 'files', so it was never hashed")
+    if manifest["model_format"] == "openvino-ir" and not model_file.endswith(".xml"):
+        raise bad(f"'model_file' {model_file!r:.80} is no .xml file, which an openvino-ir artifact's model is "
+                  "(OpenVINO reads its weights from the .bin beside it)")
     for name in manifest.get("external_data", []):
         problem = member_path_problem(name)
         if problem or name not in files:

@@ -253,6 +253,83 @@ def _model_named_otherwise_with_unlisted_data(h: Hostile):
         "reads external data 'model.bin_data' that the manifest does not list"
 
 
+def _external_data_key_spelt_long(h: Hostile):
+    """The "location" key's length written as a two-byte varint (legal protobuf: every parser reads the key as
+    "location"), so that a search for the usual bytes of the key finds none; the runtime still reads the file."""
+    import onnx
+
+    from bertopt.onnx_graph.util import save_onnx
+
+    dest, m = h.copy()
+    save_onnx(onnx.load(str(dest / "model.onnx")), dest / "model.onnx", external=True)
+    model = onnx.load(str(dest / "model.onnx"), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.key = "locationX"  # as many bytes as the long spelling of "location", so no length changes
+    data = model.SerializeToString().replace(b"\x0a\x09locationX", b"\x0a\x88\x00location")
+    assert b"\x0a\x08location" not in data
+    (dest / "model.onnx").write_bytes(data)
+    assert onnx.load(str(dest / "model.onnx"), load_external_data=False).graph.initializer[0].external_data
+    return h.save(dest, _rehash(dest, m, "model.onnx")), \
+        "reads external data 'model.onnx_data' that the manifest does not list"
+
+
+def _external_data_in_a_local_function(h: Hostile):
+    """External data named by a Constant inside one of the model's local functions (which a runtime inlines)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dest, m = h.copy()
+    weight = numpy_helper.from_array(np.zeros((4,), np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "hidden.bin"), ("offset", "0"), ("length", "16")):
+        weight.external_data.add(key=key, value=value)
+    (dest / "hidden.bin").write_bytes(bytes(16))
+    function = helper.make_function("local", "AddW", ["x"], ["y"],
+                                    [helper.make_node("Constant", [], ["w"], value=weight),
+                                     helper.make_node("Add", ["x", "w"], ["y"])],
+                                    [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("AddW", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, functions=[function],
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    onnx.save(model, str(dest / "model.onnx"))
+    return h.save(dest, _rehash(dest, m, "model.onnx")), \
+        "reads external data 'hidden.bin' that the manifest does not list"
+
+
+def _openvino_ir_that_is_onnx(h: Hostile):
+    """A manifest saying openvino-ir whose model file is an ONNX graph (OpenVINO reads either, by content) with
+    external data the ONNX check would not look at in an IR."""
+    dest, m = h.copy()
+    _point_external_data_outside(dest / "model.onnx", h.outside)
+    (dest / "model.onnx").rename(dest / "model.xml")
+    (dest / "model.bin").write_bytes(b"weights")
+    del m["files"]["model.onnx"]
+    m.update(model_format="openvino-ir", runtime="openvino", model_file="model.xml")
+    return h.save(dest, _rehash(dest, m, "model.xml", "model.bin")), \
+        "its manifest says openvino-ir, but model.xml is not XML"
+
+
+def _openvino_ir_named_onnx(h: Hostile):
+    dest, m = h.copy()
+    (dest / "model.bin").write_bytes(b"weights")
+    m.update(model_format="openvino-ir", runtime="openvino")
+    return h.save(dest, _rehash(dest, m, "model.bin")), "'model_file' 'model.onnx' is no .xml file"
+
+
+def _onnx_that_is_openvino_xml(h: Hostile):
+    """A manifest saying onnx whose model file is OpenVINO IR XML (OpenVINO would read the unlisted model.bin)."""
+    dest, m = h.copy()
+    (dest / "model.onnx").write_text('<?xml version="1.0"?>\n<net name="x" version="11"><layers/></net>\n')
+    m["runtime"] = "openvino"
+    return h.save(dest, _rehash(dest, m, "model.onnx")), "its manifest says onnx, but model.onnx is XML"
+
+
 def _point_external_data_outside(model_file: Path, outside: Path) -> None:
     import onnx
 
@@ -274,7 +351,9 @@ CASES = {f.__name__.lstrip("_"): f for f in (
     _model_file_absolute, _model_file_unlisted, _model_is_link_out, _through_linked_folder, _tokenizer_folder_link,
     _tokenizer_unlisted_file, _swapped_model_old_digest, _deep_manifest, _deep_but_parsable, _huge_manifest,
     _manifest_fifo, _manifest_link_out, _bad_sha, _external_data_unlisted, _external_data_escape,
-    _external_data_in_subgraph, _model_named_otherwise_with_unlisted_data)}
+    _external_data_in_subgraph, _model_named_otherwise_with_unlisted_data, _external_data_key_spelt_long,
+    _external_data_in_a_local_function, _openvino_ir_that_is_onnx, _openvino_ir_named_onnx,
+    _onnx_that_is_openvino_xml)}
 
 
 @pytest.mark.parametrize("command", ["inspect", "validate"])
