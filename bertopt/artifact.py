@@ -763,7 +763,8 @@ class ArtifactWriter:
         self._lock = output_lock(self.out_dir)
         self._lock.__enter__()
         try:
-            sweep_stale(self.out_dir)
+            if sweep_stale(self.out_dir) and not self.overwrite:  # it may have put back an interrupted output
+                check_output(self.out_dir, kind="artifact", inputs=inputs, replace=False)
             self.out_dir.parent.mkdir(parents=True, exist_ok=True)
             self.dir = temp_sibling(self.out_dir)
             self.dir.mkdir()

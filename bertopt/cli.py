@@ -307,7 +307,10 @@ def _raise_on_sigterm():
         return None
 
     def on_sigterm(signum, frame):
-        raise Terminated()
+        from bertopt.errors import defer_signal
+
+        if not defer_signal(Terminated()):  # inside an output swap: raised when the swap is done
+            raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -328,8 +331,11 @@ def _remember_sigint():
         return None
 
     def on_sigint(signum, frame):
+        from bertopt.errors import defer_signal
+
         INTERRUPTED.set()
-        raise KeyboardInterrupt
+        if not defer_signal(KeyboardInterrupt()):  # inside an output swap: raised when the swap is done
+            raise KeyboardInterrupt
 
     return signal.signal(signal.SIGINT, on_sigint)
 

@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # set by the CLI's SIGINT handler (bertopt.cli): an interrupt stays known even where its exception was swallowed
 INTERRUPTED = threading.Event()
@@ -30,6 +32,36 @@ def check_interrupted() -> None:
     into place, so nothing is written after an interrupt even where a library swallowed the first exception."""
     if INTERRUPTED.is_set():
         raise KeyboardInterrupt
+
+
+# signals the CLI's handlers hold back while an output is swapped into place (signals_deferred)
+_DEFERRED: dict = {"depth": 0, "pending": None}
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold a SIGINT / SIGTERM that arrives inside the block (through the CLI's handlers) until the block ends,
+    then raise it: a few renames that must happen together (an old output moved aside, the new one moved in) are
+    not cut in two. Where the block fails, its own exception goes on (the interrupt stays known: INTERRUPTED)."""
+    _DEFERRED["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFERRED["depth"] -= 1
+        pending = _DEFERRED["pending"] if _DEFERRED["depth"] == 0 else None
+        if pending is not None:
+            _DEFERRED["pending"] = None
+    if pending is not None:
+        raise pending
+
+
+def defer_signal(exc: BaseException) -> bool:
+    """For a signal handler: True (and ``exc`` kept to raise when the block ends) inside ``signals_deferred`` on
+    the main thread, where the handlers run; False: raise it now."""
+    if _DEFERRED["depth"] > 0 and threading.current_thread() is threading.main_thread():
+        _DEFERRED["pending"] = _DEFERRED["pending"] or exc
+        return True
+    return False
 
 
 class UserError(Exception):

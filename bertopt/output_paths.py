@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,7 +38,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from bertopt.errors import UserError, check_interrupted, check_writable
+from bertopt.errors import UserError, check_interrupted, check_writable, signals_deferred
+
+logger = logging.getLogger(__name__)
 
 # kind -> the file that marks a folder as this tool's own output of that kind
 OWN_MARKERS = {
@@ -273,12 +276,18 @@ def move_into_place(tmp: Path, target: Path) -> None:
     a SIGINT arrived, even one whose exception a library swallowed (``bertopt.errors.check_interrupted``)."""
     check_interrupted()
     old = None
-    if target.exists():
-        old = temp_sibling(target, "old")
-        os.rename(target, old)
-    os.rename(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    with signals_deferred():  # a Ctrl-C between the renames would leave neither output in place
+        try:
+            if target.exists():
+                old = temp_sibling(target, "old")
+                os.rename(target, old)
+            os.rename(tmp, target)
+        except BaseException:  # (an interrupt without the CLI's handlers) the old output goes back where it was
+            if old is not None and os.path.lexists(old) and not os.path.lexists(target):
+                os.rename(old, target)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -292,10 +301,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_stale(target: Path) -> list[Path]:
-    """Remove ``.NAME.tmp-<pid>-*`` / ``.NAME.old-<pid>-*`` beside ``target`` whose process is gone; returns them.
-    Call it holding ``output_lock(target)``."""
+    """Remove ``.NAME.tmp-<pid>-*`` / ``.NAME.old-<pid>-*`` beside ``target`` whose process is gone; returns what
+    it removed or put back.
+    An ``.old`` folder with no ``target`` beside it is the last output of a process killed between moving it
+    aside and moving its new one in: it is put back, not removed. Call it holding ``output_lock(target)``."""
     target = Path(target)
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:tmp|old)-(\d+)-[0-9a-f]{{8}}")
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}")
     removed = []
     try:
         entries = list(target.parent.iterdir())
@@ -303,7 +314,12 @@ def sweep_stale(target: Path) -> list[Path]:
         return removed
     for entry in entries:
         found = pattern.fullmatch(entry.name)
-        if found is None or _pid_alive(int(found.group(1))):
+        if found is None or _pid_alive(int(found.group(2))):
+            continue
+        if found.group(1) == "old" and not os.path.lexists(target):
+            os.rename(entry, target)
+            logger.warning("put back %s: the output a killed bertopt (pid %s) was replacing", target, found.group(2))
+            removed.append(entry)
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -462,28 +462,31 @@ def _report_folder(report_dir: Path) -> Iterator[None]:
     """This run's report folder: an earlier tune report there is set aside and put back if the run stops before
     writing its own (a usage error, Ctrl-C), so a report folder is either the old report or the new one; one this
     run created is removed then. A run that gates every candidate writes its report (also when none passed)."""
+    from bertopt.errors import signals_deferred
     from bertopt.output_paths import temp_sibling
 
     old = None
     empty_before = report_dir.exists() and not any(report_dir.iterdir())  # a folder made for it: kept
-    if report_dir.exists() and not empty_before:
-        old = temp_sibling(report_dir, "old")
-        os.replace(report_dir, old)
-    report_dir.mkdir(parents=True, exist_ok=True)
+    with signals_deferred():  # a Ctrl-C here would leave the old report aside and no folder in its place
+        if report_dir.exists() and not empty_before:
+            old = temp_sibling(report_dir, "old")
+            os.replace(report_dir, old)
+        report_dir.mkdir(parents=True, exist_ok=True)
     done = False
     try:
         yield
         done = True
     finally:
-        if done:
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            shutil.rmtree(report_dir, ignore_errors=True)
-            if old is not None:
-                os.replace(old, report_dir)
-            elif empty_before:
-                report_dir.mkdir()
+        with signals_deferred():  # nor a second Ctrl-C while the old one is put back
+            if done:
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+            else:
+                shutil.rmtree(report_dir, ignore_errors=True)
+                if old is not None:
+                    os.replace(old, report_dir)
+                elif empty_before:
+                    report_dir.mkdir()
 
 
 def _write_chosen(winner: Outcome, out: Path, record: dict[str, Any]) -> Path:

@@ -95,11 +95,71 @@ def test_sweep_removes_temp_folders_of_dead_writers_only(tmp_path):
     live = temp_sibling(target)  # this process: alive
     other_target = tmp_path / f".other.tmp-{dead.pid}-0123abcd"
     unrecognised = tmp_path / ".out.tmp-0123abcd"  # an older bertopt's name: no pid, so never guessed at
-    for folder in (orphan, orphan_old, live, other_target, unrecognised):
+    for folder in (target, orphan, orphan_old, live, other_target, unrecognised):
         folder.mkdir()
         (folder / "model.onnx").write_bytes(b"partial")
     assert sorted(p.name for p in sweep_stale(target)) == sorted([orphan.name, orphan_old.name])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_target.name, unrecognised.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, other_target.name,
+                                                                 unrecognised.name])
+
+
+def test_sweep_puts_back_the_output_a_killed_writer_had_moved_aside(tmp_path):
+    """A writer SIGKILLed between moving the old output aside and moving its new one in leaves only the old one,
+    under its .old name: the next writer's sweep puts it back instead of deleting the last copy."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "out"
+    aside = tmp_path / f".out.old-{dead.pid}-89abcdef"
+    unfinished = tmp_path / f".out.tmp-{dead.pid}-0123abcd"
+    for folder, content in ((aside, b"the old output"), (unfinished, b"partial")):
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(content)
+    assert sorted(p.name for p in sweep_stale(target)) == sorted([aside.name, unfinished.name])
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (target / "model.onnx").read_bytes() == b"the old output"
+
+
+# os.rename wrapped so that a signal arrives just after the old output was moved aside, before the new one moves in
+_SWAP_INTERRUPTED = """
+import os, signal, sys
+from pathlib import Path
+from bertopt import cli
+from bertopt.output_paths import move_into_place
+if sys.argv[2] == "cli":
+    cli._remember_sigint(), cli._raise_on_sigterm()
+real_rename, calls = os.rename, []
+def rename(src, dst):
+    real_rename(src, dst)
+    calls.append(dst)
+    if len(calls) == 1:
+        os.kill(os.getpid(), getattr(signal, sys.argv[3]))
+os.rename = rename
+root = Path(sys.argv[1])
+try:
+    move_into_place(root / "new", root / "out")
+except BaseException as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize(("handlers", "signame"), [("cli", "SIGINT"), ("cli", "SIGTERM"), ("python", "SIGINT")])
+def test_a_signal_between_the_two_renames_leaves_one_whole_output(tmp_path, handlers, signame):
+    """Under the CLI's handlers the signal waits until the new output is in place, then ends the run; without
+    them (a Python caller, Ctrl-C) the old output is moved back. Never neither. (Without the CLI's handler SIGTERM
+    ends the process at once: the sweep's case above.)"""
+    for name, content in (("out", b"old"), ("new", b"new")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(content)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _SWAP_INTERRUPTED, str(tmp_path), handlers, signame], env=env,
+                          capture_output=True, text=True, timeout=60)
+    raised = {"SIGINT": "KeyboardInterrupt", "SIGTERM": "Terminated"}[signame]
+    assert proc.stdout.strip() == raised, proc.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if handlers == "cli":  # the swap finished, then the signal was raised
+        assert left == ["out"] and (tmp_path / "out" / "model.onnx").read_bytes() == b"new"
+    else:  # the old output went back; the new one is the caller's temporary folder to remove
+        assert left == ["new", "out"] and (tmp_path / "out" / "model.onnx").read_bytes() == b"old"
 
 
 SCRATCH_THEN = {

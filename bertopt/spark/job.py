@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from bertopt.errors import BackendFailed, UserError
 from bertopt.messages import MAX_TEXT_CHARS
-from bertopt.output_paths import check_output, output_lock, sweep_stale, temp_sibling
+from bertopt.output_paths import check_output, move_into_place, output_lock, sweep_stale, temp_sibling
 
 FORMATS = ("auto", "parquet", "csv", "text")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -264,17 +264,12 @@ def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, mast
             sc.setLocalProperty("spark.jobGroup.id", None)
         seconds = time.perf_counter() - t1
         write_marker(tmp, art, input)
-        old = None
         if out_path.exists():  # checked again under the lock: only our own earlier output is replaced
             check_output(out_path, kind="spark-output", replace=force, flag="--output")
-            old = temp_sibling(out_path, "old")
-            out_path.rename(old)
-        tmp.rename(out_path)
+        move_into_place(tmp, out_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     rows = int(counters["rows"].value)
     if progress:
         _, total = task_counts(sc, group)
