@@ -329,6 +329,73 @@ def sweep_stale(target: Path) -> list[Path]:
     return removed
 
 
+@contextmanager
+def replaced_together(folder: Path, outputs: list[Path]) -> Iterator[None]:
+    """Outputs inside ``folder`` that one run writes and that must agree with each other (a recipe's stage
+    folders, each the parent of the next, and its gate report): the earlier run's are moved aside into one hidden
+    folder beside ``folder`` while the block runs, and put back if the block fails or is interrupted, so that
+    ``folder`` holds the earlier run's outputs or this run's, never some of each. What a killed run left aside is
+    put back first. Call it holding ``output_lock(folder)``."""
+    folder = Path(folder)
+    put_back_set_aside(folder)
+    present = [path for path in outputs if os.path.lexists(path)]
+    aside = temp_sibling(folder, "aside")
+    with signals_deferred():
+        aside.mkdir(parents=True)
+        for path in present:
+            os.rename(path, aside / path.name)
+    try:
+        yield
+    except BaseException:
+        with signals_deferred():
+            for path in outputs:  # this run's, unfinished
+                if os.path.lexists(path):
+                    _remove(path)
+            _put_back(aside, folder)
+        raise
+    with signals_deferred():  # renamed first: a run killed while this is removed is not put back
+        spent = temp_sibling(folder, "spent")
+        os.rename(aside, spent)
+    shutil.rmtree(spent, ignore_errors=True)
+
+
+def put_back_set_aside(folder: Path) -> None:
+    """Put back what a run killed inside ``replaced_together`` had moved aside (its new outputs, unfinished, are
+    replaced), and remove what a killed run had finished with."""
+    folder = Path(folder)
+    pattern = re.compile(rf"\.{re.escape(folder.name)}\.(aside|spent)-(\d+)-[0-9a-f]{{8}}")
+    try:
+        entries = sorted(folder.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found is None or _pid_alive(int(found.group(2))) or not entry.is_dir() or entry.is_symlink():
+            continue
+        if found.group(1) == "aside":
+            _put_back(entry, folder)
+            logger.warning("put back the outputs a killed bertopt (pid %s) was replacing in %s", found.group(2),
+                           folder)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _put_back(aside: Path, folder: Path) -> None:
+    for moved in sorted(aside.iterdir()):
+        target = folder / moved.name
+        if os.path.lexists(target):
+            _remove(target)
+        os.rename(moved, target)
+    aside.rmdir()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def process_scratch(what: str) -> Path:
     """A new folder ``$TMPDIR/bertopt-WHAT-*`` removed when this process exits (normally, by an exception, by
     SIGINT or SIGTERM through the CLI's handlers; a SIGKILL leaves it to the system's temp cleaning)."""

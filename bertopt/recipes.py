@@ -259,7 +259,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
     the recipe's ``out:``, else ``artifacts``), then compare the final artifact with the original model on the
     built-in corpus, and run the recipe's ``validate:`` gate. A ``tune:`` recipe runs ``bertopt tune`` instead
     (its artifact ``<out>/<name>``; it always gates, ``compare``/``gate`` aside)."""
-    from bertopt.output_paths import output_lock
+    from bertopt.output_paths import output_lock, replaced_together
     from bertopt.registry import get_stage, resolve_input
 
     if not isinstance(recipe, Recipe):
@@ -276,29 +276,32 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
         result.artifacts.append(result.tune.artifact)
         return result
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
+    outputs = [stage_folder(base, i, name) for i, (name, _) in enumerate(recipe.stages)] + [base / "validation"]
     with output_lock(base):  # one recipe run writes under this folder at a time
         check_recipe_outputs(recipe, base, source_spec)  # again, now that nobody else can write there
-        current = resolve_input(source_spec)
-        for i, (name, config) in enumerate(recipe.stages):
-            if progress:
-                progress(f"{name}", i, total)
-            stage = get_stage(name)
-            current = stage.run(current, config, stage_folder(base, i, name), overwrite=True)
-            result.artifacts.append(current)
-        if compare:
-            if progress:
-                progress("compare with the original", len(recipe.stages), total)
-            from bertopt.validate.quick import compare_with_original
+        # each stage folder names its parent: a run that stops half-way puts the earlier run's folders back
+        with replaced_together(base, outputs):
+            current = resolve_input(source_spec)
+            for i, (name, config) in enumerate(recipe.stages):
+                if progress:
+                    progress(f"{name}", i, total)
+                stage = get_stage(name)
+                current = stage.run(current, config, stage_folder(base, i, name), overwrite=True)
+                result.artifacts.append(current)
+            if compare:
+                if progress:
+                    progress("compare with the original", len(recipe.stages), total)
+                from bertopt.validate.quick import compare_with_original
 
-            result.comparison = compare_with_original(result.final)
-            result.final.record_validation("run", result.comparison)
-        if gate and recipe.validate:
-            if progress:
-                progress("validate (gate)", total - 1, total)
-            from bertopt.validate.gate import validate_artifact
+                result.comparison = compare_with_original(result.final)
+                result.final.record_validation("run", result.comparison)
+            if gate and recipe.validate:
+                if progress:
+                    progress("validate (gate)", total - 1, total)
+                from bertopt.validate.gate import validate_artifact
 
-            result.validation = validate_artifact(result.final, recipe.validate,
-                                                  report_dir=base / "validation", raise_on_fail=False)
+                result.validation = validate_artifact(result.final, recipe.validate,
+                                                      report_dir=base / "validation", raise_on_fail=False)
     if progress:
         progress("done", total, total)
     return result

@@ -253,6 +253,62 @@ def test_a_recipe_writes_under_its_out_key_and_reruns_in_place(cli, tiny_hf, tmp
     assert (tmp_path / "given" / "r" / "01-export" / "bertopt.json").is_file()
 
 
+def _stat_ids(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file()}  # (a folder moved to another parent and back has a new mtime: its ".." changed)
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "failure"])
+def test_a_recipe_run_that_stops_half_way_leaves_the_earlier_run_whole(tiny_hf, tmp_path, stop):
+    """A re-run interrupted (or failing) after its first stage was written leaves the earlier run's folders as
+    they were: never a new 01-export under an old 02-optimize that names another parent, nor an old gate report."""
+    from bertopt.recipes import load_recipe, run_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages: [export, optimize]\n"
+                      "validate: {targets: 'cos_min=0.99', latency: false}\n")
+    run_recipe(load_recipe(recipe), out=tmp_path / "a", compare=False)
+    base = tmp_path / "a" / "r"
+    assert sorted(p.name for p in base.iterdir()) == ["01-export", "02-optimize", "validation"]
+    before = _stat_ids(base)
+    raised = KeyboardInterrupt if stop == "interrupt" else RuntimeError
+
+    def stop_at_the_second_stage(what, done, total):
+        if done == 1:
+            assert (base / "01-export").is_dir() and not (base / "02-optimize").exists()  # the new one, alone
+            raise raised("stopped")
+
+    with pytest.raises(raised):
+        run_recipe(load_recipe(recipe), out=tmp_path / "a", compare=False, progress=stop_at_the_second_stage)
+    assert _stat_ids(base) == before  # the same files, not rewritten
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["r"]  # nothing left aside
+    run_recipe(load_recipe(recipe), out=tmp_path / "a", compare=False)  # and a whole run replaces them all
+    after = _stat_ids(base)
+    assert sorted(after) == sorted(before) and all(after[k] != before[k] for k in after if k.endswith(".json"))
+
+
+def test_outputs_a_killed_run_left_aside_are_put_back_by_the_next(tmp_path):
+    from bertopt.output_paths import put_back_set_aside
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    base = tmp_path / "r"
+    (base / "01-export").mkdir(parents=True)
+    (base / "01-export" / "bertopt.json").write_text("the killed run's, unfinished")
+    aside = tmp_path / f".r.aside-{dead.pid}-0123abcd"
+    for name in ("01-export", "02-optimize"):
+        (aside / name).mkdir(parents=True)
+        (aside / name / "bertopt.json").write_text("the earlier run's")
+    spent = tmp_path / f".r.spent-{dead.pid}-89abcdef"  # killed while removing a finished run's old folders
+    (spent / "01-export").mkdir(parents=True)
+    live = temp_sibling(base, "aside")  # this process's: a live run's, left alone
+    live.mkdir()
+    put_back_set_aside(base)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r", live.name])
+    assert {p.parent.name: p.read_text() for p in base.glob("*/bertopt.json")} == {
+        "01-export": "the earlier run's", "02-optimize": "the earlier run's"}
+
+
 def test_a_recipe_checks_every_stage_folder_before_the_first_stage(cli, tiny_hf, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages: [export, optimize]\n")
