@@ -118,6 +118,11 @@ def check_output(path: str | os.PathLike, *, kind: str, inputs: Iterable[str | o
             raise UserError(f"{flag} {shown} is an existing file, not {word} folder; remove it or choose another "
                             f"{flag}")
         own = is_own_output(real, kind)
+        cwd = _cwd()
+        if replace and cwd is not None and (cwd == real or _inside(cwd, real)):
+            where = "the current folder" if cwd == real else f"a folder that holds the current folder ({cwd})"
+            raise UserError(f"{flag} {shown} is {where}; replacing it would delete the folder you are working in, "
+                            f"choose another {flag} (or run from another folder)")
         if not replace:
             what = word if own else "a folder"
             raise UserError(f"{flag} {shown} already exists ({what}); choose another {flag} or pass --force to "
@@ -146,6 +151,13 @@ def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike 
             raise UserError(f"{flag} {path} holds the input {given}, which replacing it would delete; choose "
                             f"another {flag}")
     return real
+
+
+def _cwd() -> Path | None:
+    try:
+        return real_path(os.getcwd())
+    except OSError:  # the folder we were started in is gone: it cannot be replaced either
+        return None
 
 
 def _has_entries(folder: Path) -> bool:

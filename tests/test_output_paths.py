@@ -237,6 +237,25 @@ def test_force_replaces_an_earlier_artifact_of_the_stage(cli, tiny_onnx, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # nothing moved aside is left
 
 
+@pytest.mark.parametrize("folder", ["empty", "artifact", "artifact/tokenizer"])
+def test_force_never_replaces_the_folder_the_user_is_in(tiny_onnx, tmp_path, folder):
+    """`--out . --force` run from inside an empty folder or an artifact (or `--out ..` from inside it) would delete
+    the folder the shell stands in."""
+    (tmp_path / "empty").mkdir()
+    shutil.copytree(tiny_onnx.path, tmp_path / "artifact")
+    cwd = tmp_path / folder
+    out = "." if folder != "artifact/tokenizer" else ".."
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "prune", str(tiny_onnx.path), "--out", out,
+                           "--force"], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: --out") and "would delete the folder you are working in" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert cwd.exists()
+
+
 def test_a_recipe_writes_under_its_out_key_and_reruns_in_place(cli, tiny_hf, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "r.yaml"
