@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from bertopt.errors import UserError
 from bertopt.params import resolve_config
 from bertopt.plugins import LazyModules
 
@@ -75,9 +76,18 @@ def run_stage(name: str, input: Any, config: dict[str, Any] | None, out_dir: str
               overwrite: bool = False):
     """Run one stage by name: resolve the input, check the config and the output path (``output_paths``), and
     write a new artifact, holding the output's lock from the first check to the rename."""
+    from collections.abc import Mapping
+
     from bertopt.output_paths import check_output, output_lock
 
     stage = get_stage(name)
+    if config is not None and not isinstance(config, Mapping):
+        raise UserError(f"stage '{name}': config must be a mapping of parameter names to values (e.g. "
+                        f"{{'mode': 'fp16'}}), got {type(config).__name__}")
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise UserError(f"stage '{name}': out_dir must be the path of the folder to write, got {out_dir!r:.40}")
+    if not isinstance(overwrite, bool):
+        raise UserError(f"stage '{name}': overwrite must be True or False, got {overwrite!r:.40}")
     cfg = resolve_config(stage.PARAMS, config, where=f"stage '{name}'")
     preflight_stage(stage, cfg, f"stage '{name}'")
     check_output(out_dir, kind="artifact", inputs=input_paths(input), replace=overwrite)

@@ -3,6 +3,7 @@ words (its limit, its fix).
 
 * ``json_depth``: ``json.loads`` recurses once per nested array/object, so JSON nested 100,000 deep (a ZeroMQ or
   HTTP request, a Kafka message, an artifact's manifest) ends in RecursionError; its depth is measured first.
+* ``text_list``: what a Python caller gives as texts, as a list (a generator read once; a dict refused).
 * ``lone_surrogate``: a JSON ``\\ud800`` escape decodes to a lone surrogate, which is not a Unicode character and
   which no tokenizer encodes; it is found before tokenising.
 """
@@ -10,8 +11,11 @@ words (its limit, its fix).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
+
+from bertopt.errors import UserError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -48,3 +52,15 @@ def lone_surrogate(text: str) -> int | None:
     """The position of the first lone surrogate in ``text`` (not a Unicode scalar value), or None."""
     bad = _SURROGATE.search(text)
     return None if bad is None else bad.start()
+
+
+def text_list(texts: Any, what: str = "texts") -> list[Any]:
+    """The caller's texts as a list: one string is one text; a list, tuple or any other iterable (a generator
+    is read once, here) gives its items; a mapping, set, bytes or non-iterable is refused (a dict's keys or a
+    set's order are no list of texts)."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray, dict, set, frozenset)) or texts is None \
+            or not hasattr(texts, "__iter__") or hasattr(texts, "keys"):
+        raise UserError(f"{what} must be a string or a list of strings, got {type(texts).__name__}")
+    return list(texts)

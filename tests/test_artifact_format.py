@@ -107,6 +107,28 @@ def test_existing_output_needs_force_and_input_is_never_the_output(tiny_onnx, tm
     Artifact.load(tiny_onnx.path)  # still intact
 
 
+def test_run_stage_refuses_arguments_of_the_wrong_kind_before_writing(tiny_onnx, tmp_path):
+    """The Python API as a user calls it: overwrite="no" replaced the artifact (a non-empty string is true), a
+    list config was a ValueError from dict(), out_dir=None a bare TypeError, an empty model spec meant ".". """
+    from bertopt.registry import run_stage
+    from bertopt.sources import resolve_source
+
+    out = tmp_path / "p"
+    first = run_stage("prune", tiny_onnx, {}, out)
+    stamp = (out / "bertopt.json").stat().st_mtime_ns
+    with pytest.raises(UserError, match="^stage 'prune': overwrite must be True or False, got 'no'$"):
+        run_stage("prune", tiny_onnx, {}, out, overwrite="no")
+    with pytest.raises(UserError, match="^stage 'quantize': config must be a mapping .* got list$"):
+        run_stage("quantize", tiny_onnx, ["mode"], tmp_path / "q")
+    with pytest.raises(UserError, match="^stage 'prune': out_dir must be the path of the folder to write, got None$"):
+        run_stage("prune", tiny_onnx, {}, None)
+    for spec in ("", "  "):
+        with pytest.raises(UserError, match="^no model given"):
+            resolve_source(spec)
+    assert (out / "bertopt.json").stat().st_mtime_ns == stamp and Artifact.load(out).digest == first.digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+
+
 def test_validation_results_are_stored_without_breaking_hashes(tiny_onnx, tmp_path):
     dest = Artifact.load(_copy(tiny_onnx, tmp_path))
     dest.record_validation("unit", {"cos_min": 0.5})

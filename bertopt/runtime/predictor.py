@@ -35,7 +35,7 @@ from bertopt.model_handle import ModelHandle
 from bertopt.params import LONG_INPUTS
 from bertopt.runtime.backends import describe, open_session
 from bertopt.tasks import task_spec
-from bertopt.untrusted import lone_surrogate
+from bertopt.untrusted import lone_surrogate, text_list
 
 DEFAULT_BATCH_SIZE = 32
 # a batch ends before a text longer than BUCKET_GROWTH x (its first text) + BUCKET_SLACK_TOKENS. Measured side
@@ -314,6 +314,8 @@ class Predictor:
     def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None, truncate: bool = True):
         """Encodings cut to the window (``truncate``; what the model runs), or whole (``truncate=False``: what a
         chunked text's joined token outputs line up with)."""
+        texts = text_list(texts)
+        pairs = None if pairs is None else text_list(pairs, "pairs")
         if pairs is not None and len(pairs) != len(texts):
             raise UserError(f"got {len(texts)} first segments but {len(pairs)} second segments")
         check_texts(texts, pairs)
@@ -418,6 +420,8 @@ class Predictor:
         window follows ``long_inputs`` (this call's policy; default: the Predictor's): truncated, refused
         (UserError naming it, its length and the window) or chunked (pooled rows; token-level outputs joined
         into one array per text, as long as its untruncated encoding)."""
+        texts = text_list(texts)  # a generator is read once: here, not by the first check that walks it
+        pairs = None if pairs is None else text_list(pairs, "pairs")
         names = list(outputs or self.output_names)
         unknown = [n for n in names if n not in self.outputs]
         if unknown:
@@ -537,8 +541,6 @@ class Predictor:
     def encode(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None,
                long_inputs: str | None = None) -> np.ndarray:
         """The primary output (sentence embedding, logits, ...) as one float32 array."""
-        if isinstance(texts, str):
-            texts = [texts]
         out = self.run(texts, pairs, outputs=[self.primary_output], long_inputs=long_inputs)[self.primary_output]
         if self.is_token_level(self.primary_output):
             raise UserError(f"primary output {self.primary_output} is per-token; ask for it with run()")

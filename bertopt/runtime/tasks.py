@@ -30,6 +30,7 @@ import numpy as np
 
 from bertopt.errors import UserError
 from bertopt.tasks import DEFAULT_TASK, TASK_SPECS, known_task, task_spec
+from bertopt.untrusted import text_list
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 DEFAULT_IGNORE_LABELS = ("O",)
@@ -315,11 +316,8 @@ def predict(predictor, texts: Sequence[str] | str, pairs: Sequence[str] | None =
             aggregation: str = "simple", ignore_labels: Sequence[str] | None = None,
             long_inputs: str | None = None) -> list[Any]:
     """One task result per text (see the module docstring), in the caller's order."""
-    if isinstance(texts, str):
-        texts = [texts]
-    if isinstance(pairs, str):
-        pairs = [pairs]
-    texts = list(texts)
+    texts = text_list(texts)
+    pairs = None if pairs is None else text_list(pairs, "pairs")
     model = predictor.model
     task = task_of(model)
     check_predict_args(model, task, pairs, aggregation)

@@ -126,6 +126,9 @@ def _refuse_other_exports(path: Path) -> None:
 
 def resolve_source(spec: str | os.PathLike) -> Source:
     """Turn a user's model argument into a Source, or raise a one-line error saying what is wrong."""
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
+        raise UserError(f"no model given ({spec!r:.40}); give a Hugging Face folder, SavedModel, .keras file, "
+                        "Google BERT checkpoint folder, .onnx file, or builtin:minilm")
     text = str(spec)
     if text.startswith("builtin:"):
         return Source("hf", builtin_model_path(text.split(":", 1)[1]), text)

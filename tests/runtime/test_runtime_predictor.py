@@ -73,6 +73,25 @@ def test_bad_inputs_are_clear_errors(tiny_onnx):
     assert pred.encode([]).shape == (0, 32)
 
 
+def test_texts_are_taken_as_a_python_caller_gives_them(tiny_onnx):
+    """A generator is read once (it came back empty when a check walked it first); one string is one text in
+    run() as in encode() (run walked it character by character); a dict or set is refused (its keys, in no
+    order the caller chose, were encoded without a word)."""
+    pred = Predictor(tiny_onnx)
+    texts = ["hello world", "the cat sat on the mat"]
+    expected = pred.encode(texts)
+    np.testing.assert_array_equal(pred.encode(t for t in texts), expected)
+    np.testing.assert_array_equal(pred.encode(tuple(texts)), expected)
+    np.testing.assert_array_equal(pred.run("hello world")["sentence_embedding"], expected[:1])
+    assert [e.ids for e in pred.tokenize(iter(texts))] == [e.ids for e in pred.tokenize(texts)]
+    for given, name in (({"hello world": 1}, "dict"), ({"hello world"}, "set"), (b"hello", "bytes"), (None, "NoneType"),
+                        (3, "int")):
+        with pytest.raises(UserError, match=f"^texts must be a string or a list of strings, got {name}$"):
+            pred.encode(given)
+    with pytest.raises(UserError, match="^pairs must be a string or a list of strings, got dict$"):
+        pred.run(["q"], pairs={"p": 1})
+
+
 def test_asking_for_cuda_without_it_is_an_error_not_a_silent_cpu_run(tiny_onnx):
     import onnxruntime as ort
 
