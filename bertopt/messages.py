@@ -72,7 +72,8 @@ def decode_bounded(raw: bytes, max_bytes: int = MAX_REQUEST_BYTES, max_depth: in
     except MessageError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many integer digits
-        reason = str(exc).splitlines()[0][:200]
+        # the reason only: Python's advice after ';' ("use sys.set_int_max_str_digits()") is not the sender's
+        reason = str(exc).splitlines()[0].split(";")[0][:200]
         raise MessageError(f"not JSON ({reason}); send one JSON object") from None
 
 

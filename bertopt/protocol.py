@@ -67,8 +67,14 @@ def client_request_id(request_id: bytes) -> bytes:
 JOB, STOP, READY, FAIL, DONE = b"J", b"STOP", b"READY", b"FAIL", b"DONE"
 RESULT, ERROR, CONFIG, SINK_STOP = b"R", b"E", b"C", b"S"
 LANE_PRIORITY, LANE_BULK = b"p", b"b"
-# the HTTP front end's requests use this identity; ZeroMQ clients may not (their replies would go astray)
+# the HTTP front end's requests use identities that start with this; ZeroMQ clients may not (their replies would
+# go astray)
 HTTP_IDENTITY = b"\x00bertopt-http"
+
+
+def http_identity(request_id: bytes) -> bytes:
+    """One HTTP request's identity in the fleet: its own, so the fair queue takes turns between HTTP requests."""
+    return HTTP_IDENTITY + b"/" + request_id
 
 
 class RequestError(ValueError):

@@ -21,6 +21,8 @@ from typing import Any
 # (a text over the window runs as overlapping windows, pooled: Predictor.run(long_inputs="chunk"))
 KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT, KIND_CHUNK = b"t", b"p", b"i", b"r", b"c"
 KINDS = (KIND_TEXT, KIND_PAIR, KIND_IDS, KIND_PREDICT, KIND_CHUNK)
+# not a request: the HTTP front end's word that the client of one of its requests stopped waiting
+KIND_CANCEL = b"x"
 
 
 @dataclass
@@ -110,6 +112,18 @@ class FairQueue:
 
     def clients(self) -> int:
         return len(self._queues)
+
+    def remove(self, identity: bytes) -> list[Piece]:
+        """Take out every piece queued for ``identity`` (a request whose client stopped waiting)."""
+        q = self._queues.pop(identity, None)
+        if q is None:
+            return []
+        self._turns.remove(identity)
+        for piece in q:
+            self._len -= 1
+            self.tokens -= piece.tokens
+            self.requests -= piece.index == piece.n_pieces - 1
+        return list(q)
 
 
 def pack(queue: FairQueue, max_tokens: int, max_texts: int, skip=lambda piece: False) -> list[Piece]:

@@ -59,6 +59,11 @@ ROUTE_FOR_TASK = {"embedding": "/embed or /v1/embeddings", "classification": "/p
 _TEI_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 405: "Validation", 408: "Validation",
                     413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy", 504: "Backend"}
 CLIENT_CLOSED = 499  # the status a request is counted under when its client went away (nginx's convention)
+# bodies and texts up to these sizes are decoded / tokenized on the event loop (sub-millisecond); larger ones in a
+# thread, so one large request does not hold every other connection and /health
+INLINE_DECODE_BYTES = 64 << 10
+INLINE_TOKENIZE_CHARS = 32_768
+TOKENIZE_MAX_TOKENS = 1 << 17  # tokens one /tokenize answer lists (with --max-request-tokens, the lower)
 
 
 class Problem(RequestError):
@@ -171,7 +176,10 @@ class RequestHandling:
                           f"(--body-timeout; {len(body)} bytes arrived); send the whole body promptly",
                           headers={"Connection": "close"}) from None
         try:
-            return decode_json(bytes(body), limit, "a JSON object")
+            if len(body) <= INLINE_DECODE_BYTES:
+                return decode_json(bytes(body), limit, "a JSON object")
+            # a large body is decoded off the event loop: every other connection (and /health) is served meanwhile
+            return await asyncio.to_thread(decode_json, bytes(body), limit, "a JSON object")
         except RequestError as exc:
             raise Problem(400, str(exc).replace("request payload is not JSON", "request body is not valid JSON")
                           ) from None
@@ -231,8 +239,11 @@ class RequestHandling:
             self.check_texts([p[0] for p in items] if kind == KIND_PAIR else items, pairs, param, status)
             encode = self.tokenizer.encode_batch
             seqs = [tuple(p) for p in items] if kind == KIND_PAIR else items
-            # a big batch is tokenized off the event loop (the Rust tokenizer releases the GIL)
-            encodings = await asyncio.to_thread(encode, seqs) if len(seqs) > 32 else encode(seqs)
+            # a big batch, or long texts, are tokenized off the event loop (the Rust tokenizer releases the GIL):
+            # 32 texts of 100,000 characters held every other connection (and /health) for seconds
+            chars = sum(len(t) for t in items) if kind == KIND_TEXT else sum(len(a) + len(b) for a, b in items)
+            inline = len(seqs) <= 32 and chars <= INLINE_TOKENIZE_CHARS
+            encodings = encode(seqs) if inline else await asyncio.to_thread(encode, seqs)
             lengths = [len(e.ids) for e in encodings]
         longest = max(lengths)
         if longest > self.max_seq_len and policy == "chunk":
@@ -277,16 +288,15 @@ class RequestHandling:
             raise Problem(status, f"'{param}' must be a string or a list of strings, got "
                           f"{type(value).__name__}", param=param)
         openai_status = 400 if status == 400 else None
+        if allow_ids and value and all(_is_int(v) for v in value):  # one input of token ids, not len(value) inputs
+            value = [value]
         self.check_count(len(value), param, openai_status)
         if all(isinstance(v, str) for v in value):
             for i, v in enumerate(value):
                 if not v:
                     raise Problem(status, f"'{param}[{i}]' is an empty string; send text", param=param)
             return KIND_TEXT, value
-        if allow_ids and all(_is_int(v) for v in value):
-            value = [value]
         if allow_ids and all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
-            self.check_count(len(value), param, openai_status)
             for i, ids in enumerate(value):
                 if len(ids) > self.cfg.max_text_chars:
                     raise Problem(openai_status or 413, f"'{param}[{i}]' has {len(ids)} token ids, more than this "
@@ -473,6 +483,14 @@ class TeiRoutes(RequestHandling):
         _, texts = self.parse_inputs(body["inputs"], "inputs", 422, allow_ids=False)
         self.check_texts(texts, None, "inputs", 413)
         encodings = await asyncio.to_thread(self.tokenizer.encode_batch, texts, add_special_tokens=special)
+        tokens = sum(len(enc.ids) for enc in encodings)
+        # each token becomes a JSON object of ~60 bytes, and ~1 kB of Python while the answer is built: 4 MB of
+        # text within every other limit made a 131 MB answer and 1 GB of server memory
+        limit = min(self.cfg.max_request_tokens, TOKENIZE_MAX_TOKENS)
+        if tokens > limit:
+            which = "(--max-request-tokens)" if limit == self.cfg.max_request_tokens else "on /tokenize"
+            raise Problem(413, f"request holds {tokens} tokens, more than this server's limit of {limit} {which}; "
+                          "split the request", param="inputs")
         out = []
         for enc in encodings:
             out.append([{"id": i, "text": t, "special": bool(s), "start": a if not s else None,
@@ -631,12 +649,14 @@ def build_app(front):
                     front.in_flight += 1
                     metrics.in_flight.inc()
                     admitted = True
-                result = await run(payload) if body else await run()
+                work = run(payload) if body else run()
+                # a fleet request whose client hangs up is cancelled, and its queued work with it
+                result = await _unless_disconnected(request, work) if admit else await work
                 response = result if isinstance(result, Response) else _json(result)
             except Problem as p:
                 response = error_response(style, p)
-            except ClientDisconnect:  # the client went away mid-upload: nothing to answer, nothing broken
-                log.info("HTTP %s: the client disconnected before sending its whole request", route)
+            except ClientDisconnect:  # the client went away: nothing to answer, nothing broken
+                log.info("HTTP %s: the client disconnected before its answer", route)
                 response = error_response(style, Problem(CLIENT_CLOSED, "client closed the connection"))
             except Exception:  # a bug: logged with its traceback here, never sent to the client
                 log.exception("HTTP %s failed", route)
@@ -707,6 +727,35 @@ def build_app(front):
                                               headers=dict(exc.headers or {})))
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route, 405: no_route})
+
+
+async def _unless_disconnected(request, work):
+    """``work``'s result, or ClientDisconnect once the client hangs up first (``work`` is then cancelled: the
+    front end tells the fleet to drop the request's queued pieces). Without this a request whose client was gone
+    stayed queued, and was computed, for nobody."""
+    from starlette.requests import ClientDisconnect
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    if not task.cancelled() and task.done():
+        return task.result()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass  # cancelled here, as meant: the client is gone
+    raise ClientDisconnect()
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes the connection (the body was read already: what comes next is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
 def _a(word: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from bertopt.errors import UserError, require
 from bertopt.protocol import decode_reply
+from bertopt.serve.batching import KIND_CANCEL
 from bertopt.serve.http_api import FleetError
 from bertopt.serve.metrics import Metrics
 
@@ -41,6 +42,68 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def max_connections() -> int:
+    """HTTP connections held open at most: half the file descriptors this process may open, so that connections
+    (a flood of them, or of half-sent requests) never take those ZeroMQ, the workers' pipes and the log need."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(32, min(soft, 1 << 20) // 2)
+
+
+def guarded_h11(header_timeout_s: float, limit: int):
+    """uvicorn's HTTP/1.1 protocol with two bounds it lacks: a request line and headers must arrive within
+    ``header_timeout_s`` of the connection opening or of the previous answer (a client trickling them held its
+    connection, and a file descriptor, for ever: 3,000 such connections stayed open; ~20,000 ran the process out
+    of file descriptors, taking the ZeroMQ side down with it), and a connection beyond ``limit`` open ones is
+    closed at once."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limit:
+                log.warning("HTTP: %d connections open, the most this server holds; closed a new one", limit)
+                transport.close()
+                return
+            self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_request():
+                self._cancel_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and not self._in_request():
+                self._arm_header_timer()  # the next request's headers are held to the same time
+
+        def connection_lost(self, exc) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def _in_request(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self._in_request() and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11
 
 
 class HttpFront:
@@ -82,9 +145,11 @@ class HttpFront:
 
         self.ventilator = ventilator
         # uvicorn's own bounds: request line + headers at most 16 KiB (h11), an idle keep-alive connection closed
-        # after 5 s; the body is bounded by http_api (--max-request-bytes, --body-timeout)
+        # after 5 s; ours: the request line and headers within --body-timeout, at most max_connections open
+        # (guarded_h11); the body is bounded by http_api (--max-request-bytes, --body-timeout)
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=int(max(1, self.cfg.grace_s)), http="h11",
+                                timeout_graceful_shutdown=int(max(1, self.cfg.grace_s)),
+                                http=guarded_h11(self.cfg.body_timeout_s, max_connections()),
                                 h11_max_incomplete_event_size=16 * 1024, timeout_keep_alive=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]},
@@ -147,6 +212,12 @@ class HttpFront:
         try:
             self._push.send_multipart([b"%d" % request_id, kind, body])
             value = await asyncio.wait_for(future, self.cfg.request_timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            # timed out, or its client hung up: the fleet drops what of it is still queued (else the queue
+            # grew past every bound with work for clients that were gone)
+            if self._push is not None:
+                self._push.send_multipart([b"%d" % request_id, KIND_CANCEL, b""])
+            raise
         finally:
             self._pending.pop(request_id, None)
         if isinstance(value, Exception):
@@ -177,4 +248,7 @@ class HttpFront:
                     log.error("HTTP: dropped a malformed reply from the sink: %s", exc)
                     continue
                 if self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._resolve, request_id, value)
+                    try:
+                        self._loop.call_soon_threadsafe(self._resolve, request_id, value)
+                    except RuntimeError:  # the event loop closed (shutting down): nobody waits for replies
+                        return

@@ -61,8 +61,9 @@ SERVE_CONFIG_PARAMS = [
     Param("max_request_tokens", int, 1 << 20, "Most tokens in one request after truncation to --max-seq-len (a "
           "chunked text: all its tokens), checked before any inference (a mini-job holds at most "
           "--max-batch-tokens).", min=1),
-    Param("body_timeout", float, 30.0, "Seconds an HTTP client may take to send its request body (then 408); a "
-          "request is admitted (counted against --max-concurrent-requests) only once its body is read.",
+    Param("body_timeout", float, 30.0, "Seconds an HTTP client may take to send its request line and headers "
+          "(then the connection is closed), and again its body (then 408); a request is admitted (counted against "
+          "--max-concurrent-requests) only once its body is read.",
           min=0.001),
     Param("max_concurrent_requests", int, 512, "HTTP requests admitted at once; beyond it: 429 with Retry-After.",
           min=1),
@@ -92,7 +93,8 @@ SERVE_CONFIG_PARAMS = [
     Param("threads_per_worker", int, None, "Threads per worker (default: cores // workers, at least 1).", min=1),
     MAX_REQUEST_BYTES_PARAM.with_(default=64 << 20, min=1024, help="Larger requests get an error reply asking to "
                                   "split them (HTTP: 413, from Content-Length before the body is read)."),
-    Param("grace", float, 60.0, "Seconds to finish in-flight requests on SIGTERM.", min=0),
+    Param("grace", float, 60.0, "Seconds to finish the requests already taken on SIGTERM / Ctrl-C; then (or at a "
+          "second signal) those unfinished are answered with an error and the server exits.", min=0),
     CURVE_KEYS,
 ]
 # ServeConfig's fields: the flags say --grace, the config grace_s

@@ -347,7 +347,8 @@ class Server:
                 f"tokens, priority <= {c.priority_batch_size} texts, max_seq_len {self.facts['max_seq_len']}"
                 + (", CurveZMQ on" if c.curve_keys else ""))
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
+    def run(self, should_stop: Callable[[], bool], stop_now: Callable[[], bool] = lambda: False) -> None:
+        """Serve until ``should_stop()``, then finish what was taken within --grace (or until ``stop_now()``)."""
         http = self.http
 
         def stopping() -> bool:
@@ -357,7 +358,8 @@ class Server:
                 return True
             return False
 
-        self.ventilator.run(stopping, http_stopped=http.stopped if http is not None else lambda: True)
+        self.ventilator.run(stopping, http_stopped=http.stopped if http is not None else lambda: True,
+                            grace_s=self.cfg.grace_s, stop_now=stop_now)
         if self.ventilator.failure:  # not a clean stop: the error replies owed go out, then the command fails
             self.shutdown(graceful=True)
             raise UserError(self.ventilator.failure)
@@ -371,7 +373,8 @@ class Server:
             self.http.close()
         v = self.ventilator
         if v is not None:
-            v.stop_workers(timeout_s=10.0 if graceful else 0.5)
+            # out of grace, workers are not waited for to finish what they hold (its requests were answered)
+            v.stop_workers(timeout_s=10.0 if graceful and not v.gave_up else 0.5)
             if graceful:
                 v.stop_sink()
         self._stop_sink(graceful)
@@ -405,10 +408,13 @@ def serve(cfg: ServeConfig, on_ready: Callable[[str], None] = print,
     """Run the server in this process until SIGTERM/SIGINT, then shut down cleanly."""
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="bertopt serve %(levelname)s %(message)s")
-    stop = {"signal": None}
+    stop = {"signal": None, "count": 0}
 
     def on_signal(signum, _frame):
+        # the first signal stops taking requests and finishes those taken (within --grace); a second one stops
+        # now, answering what is unfinished with an error
         stop["signal"] = signum
+        stop["count"] += 1
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     server = Server(cfg)
@@ -417,7 +423,7 @@ def serve(cfg: ServeConfig, on_ready: Callable[[str], None] = print,
         for line in exposure_warnings(cfg):
             log.warning("%s", line)
         on_ready(server.describe())
-        server.run(lambda: stop["signal"] is not None)
+        server.run(lambda: stop["signal"] is not None, stop_now=lambda: stop["count"] > 1)
         log.info("all requests answered; stopping workers")
         server.shutdown(graceful=True)
         log.info("stopped (pid %d)", os.getpid())

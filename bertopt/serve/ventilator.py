@@ -42,7 +42,6 @@ from bertopt.protocol import (
     DONE,
     ERROR,
     FAIL,
-    HTTP_IDENTITY,
     JOB,
     LANE_BULK,
     LANE_PRIORITY,
@@ -54,13 +53,23 @@ from bertopt.protocol import (
     Request,
     RequestError,
     RequestLimits,
+    http_identity,
     message_bytes,
     num,
     parse_request,
 )
 from bertopt.runtime.predictor import check_texts
 from bertopt.serve.admission import Admission
-from bertopt.serve.batching import KIND_PREDICT, KIND_TEXT, KINDS, FairQueue, Piece, cut_request, pack
+from bertopt.serve.batching import (
+    KIND_CANCEL,
+    KIND_PREDICT,
+    KIND_TEXT,
+    KINDS,
+    FairQueue,
+    Piece,
+    cut_request,
+    pack,
+)
 from bertopt.serve.processes import start_child
 from bertopt.serve.recent_keys import RecentKeys
 
@@ -415,6 +424,11 @@ class Scheduler:
             else:
                 self._return(queues.bulk, job)
 
+    def remove(self, identity: bytes) -> list[Piece]:
+        """Every piece queued for ``identity``, in any model's queues, taken out."""
+        return [piece for queues in self.queues.values() for q in (queues.priority, queues.bulk)
+                for piece in q.remove(identity)]
+
     def drain(self, model: str | None = None) -> list[Piece]:
         """Every queued piece (of ``model``, or of all models), taken out of the queues."""
         pieces = []
@@ -456,9 +470,10 @@ class Ventilator:
         self.admission = {name: Admission(cfg["max_queued_requests"]) for name in self.scheduler.queues}
         self.replies_owed = 0  # one per request taken (encode, status or error): told to the sink at stop
         self.request_seq = 0  # numbers every ZeroMQ request taken (protocol.SEQ_SEPARATOR)
-        self.counters = {"requests": 0, "http_requests": 0, "texts": 0, "tokens": 0, "status_requests": 0,
-                         "rejected": 0, "dropped_no_address": 0}
+        self.counters = {"requests": 0, "http_requests": 0, "http_cancelled": 0, "texts": 0, "tokens": 0,
+                         "status_requests": 0, "rejected": 0, "dropped_no_address": 0}
         self.failure: str | None = None  # why the server cannot go on (every worker stopped), once it is so
+        self.gave_up = False  # stopping, and --grace ran out (or a second signal came): unfinished work was failed
 
     @property
     def workers(self) -> list[WorkerSlot]:
@@ -572,16 +587,27 @@ class Ventilator:
         self.scheduler.enqueue(identity, request_id, items, lengths, kind, model)
 
     def handle_http(self, frames: list[bytes]) -> None:
-        """The HTTP front end's request: already validated and counted there (a trusted in-process socket)."""
+        """The HTTP front end's request: already validated and counted there (a trusted in-process socket). Each
+        gets an identity of its own, so the fair queue takes turns between HTTP requests as between ZeroMQ
+        clients (one identity for all of HTTP put every HTTP request behind the biggest one). A cancel (the
+        client timed out or hung up) takes the request's queued pieces out and answers it with an error, so
+        the fleet does not go on working, and queueing, for clients that are gone."""
         request_id, kind, body = frames
+        identity = http_identity(request_id)
+        if kind == KIND_CANCEL:
+            dropped = self.scheduler.remove(identity)
+            if dropped:
+                self.counters["http_cancelled"] += 1
+                self.fail_request((identity, request_id), "cancelled: the HTTP client stopped waiting")
+            return
         self.replies_owed += 1
         self.counters["http_requests"] += 1
         payload = json.loads(body)
         model = payload.get("model") or self.scheduler.default_model
         if kind not in KINDS or model not in self.models:
-            self.sink.send_multipart([ERROR, HTTP_IDENTITY, request_id, b"internal: unknown request kind or model"])
+            self.sink.send_multipart([ERROR, identity, request_id, b"internal: unknown request kind or model"])
             return
-        self._take(HTTP_IDENTITY, request_id, payload["items"], payload["lengths"], kind, model)
+        self._take(identity, request_id, payload["items"], payload["lengths"], kind, model)
 
     # -- status -------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -629,19 +655,26 @@ class Ventilator:
     def idle(self) -> bool:
         return not self.scheduler and not any(s.in_flight() for s in self.workers)
 
-    def run(self, should_stop: Callable[[], bool], http_stopped: Callable[[], bool] = lambda: True) -> None:
+    def run(self, should_stop: Callable[[], bool], http_stopped: Callable[[], bool] = lambda: True,
+            grace_s: float = float("inf"), stop_now: Callable[[], bool] = lambda: False) -> None:
         """Serve until ``should_stop()``; then stop taking ZeroMQ requests, take the HTTP front end's until it
-        has stopped (it answers what it admitted), and finish everything taken."""
+        has stopped (it answers what it admitted), and finish everything taken, for at most ``grace_s`` seconds
+        or until ``stop_now()`` (a second signal): then every request not finished is answered with an error."""
         zmq = self.zmq
         poller = zmq.Poller()
         for sock in (self.frontend, self.pool.router, self.http_in):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         last_check = 0.0
+        deadline = float("inf")
         while True:
             if self.accepting and should_stop():
                 self._stop_accepting(poller)
+                deadline = time.monotonic() + grace_s
             if not self.accepting and http_stopped() and self._http_queue_empty() and self.idle():
+                return
+            if not self.accepting and (time.monotonic() >= deadline or stop_now()):
+                self._give_up("a second signal came" if stop_now() else f"--grace {grace_s:g} s ran out")
                 return
             events = dict(poller.poll(100))
             self._drain(events, self.pool.router, 10_000, self._worker_message)
@@ -684,6 +717,19 @@ class Ventilator:
             self.frontend.close(0)  # new requests now go nowhere; clients time out
         log.info("stopping: no new requests; finishing %d queued and %d in-flight mini-job(s)",
                  len(self.scheduler), sum(len(s.in_flight()) for s in self.workers))
+
+    def _give_up(self, why: str) -> None:
+        """Stopping, out of time: every request still queued or running is answered with an error (so the sink
+        owes no reply and the server can exit now) instead of being finished."""
+        self.gave_up = True
+        while self.http_in is not None and self.http_in.poll(0):  # HTTP requests forwarded but not yet taken
+            self.handle_http(self.http_in.recv_multipart())
+        keys = {piece.key for piece in self.scheduler.drain()}
+        keys |= {piece.key for slot in self.workers for job in slot.in_flight() for piece in job.pieces}
+        log.warning("stopping now (%s): %d unfinished request(s) answered with an error", why, len(keys))
+        for key in sorted(keys):
+            self.fail_request(key, f"the server is stopping ({why}) and did not finish this request; send it "
+                                   "again to a running server")
 
     def _supervise(self) -> bool:
         """Restart dead workers and re-send their work; False when no worker can run at all, or the sink stopped

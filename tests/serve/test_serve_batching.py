@@ -27,6 +27,18 @@ def test_fair_queue_round_robins_clients_and_requeues_first():
     assert (q.pop().index, len(q)) == (1, 3)
 
 
+def test_fair_queue_takes_out_every_piece_of_one_identity_and_keeps_its_counts():
+    q = FairQueue()
+    for i in range(3):
+        q.push(Piece(b"gone", b"1", i, 3, 3, i, ["x"], 10))
+    q.push(job(b"waiting", 0, tokens=7))
+    removed = q.remove(b"gone")
+    assert [p.index for p in removed] == [0, 1, 2]
+    assert (len(q), q.tokens, q.clients(), q.requests) == (1, 7, 1, 0)
+    assert q.pop().identity == b"waiting" and not q
+    assert q.remove(b"never queued") == []
+
+
 def test_assembler_puts_rows_in_place_and_drops_duplicates():
     asm = Assembler()
     a, b = np.ones((2, 3), np.float32), np.full((1, 3), 2, np.float32)

@@ -135,6 +135,16 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(emb_server, route,
     assert post(emb_server, "/embed", {"inputs": "still up"}).status_code == 200
 
 
+def test_one_list_of_token_ids_is_one_input_however_long(emb_server):
+    """A flat list of ids is one input (OpenAI's form): it was counted as that many inputs first, so 3000 ids were
+    refused as "3000 inputs, more than this server's limit of 2048"."""
+    ids = [2] + [7] * 2998 + [3]
+    flat = post(emb_server, "/embed", {"inputs": ids, "truncate": True})
+    nested = post(emb_server, "/embed", {"inputs": [ids], "truncate": True})
+    assert flat.status_code == 200 and nested.status_code == 200, flat.text
+    assert len(flat.json()) == 1 and flat.json() == nested.json()
+
+
 def test_truncate_true_cuts_an_over_long_input_and_a_wrong_key_is_refused(emb_server, tiny_predictor):
     long_text = " ".join(["hello"] * 200)
     r = post(emb_server, "/embed", {"inputs": long_text, "truncate": True, "normalize": False})

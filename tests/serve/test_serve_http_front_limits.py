@@ -135,3 +135,95 @@ def test_a_client_disconnect_is_not_an_error_nor_a_500(limited_server):
     log = limited_server.log()
     assert "Traceback" not in log and " ERROR " not in log
     assert httpx.post(limited_server.url + "/embed", json={"inputs": "still up"}, timeout=30).status_code == 200
+
+
+# -- work for clients that are gone; slow headers; bounded /tokenize -----------------------------------------
+def _queue_depth(server) -> int:
+    """Request pieces waiting in the fleet's queues (the server's status, over ZeroMQ)."""
+    return sum(server.client().status()["queue_length"].values())
+
+
+@pytest.fixture(scope="module")
+def impatient_server(tiny_onnx, tmp_path_factory, server_process):
+    """One-text mini-jobs on one worker (a 2048-text request queues 2048 pieces), a 2 s request timeout and a
+    small token budget per request."""
+    server = server_process(tiny_onnx.path, tmp_path_factory.mktemp("impatient"), "--request-timeout", "2",
+                            "--body-timeout", str(BODY_TIMEOUT_S), "--max-batch-size", "1",
+                            "--priority-batch-size", "0", "--max-request-tokens", "20000", num_worker=1, http=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _wait_for(what, condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["the client hangs up", "the request times out"])
+def test_a_request_nobody_waits_for_leaves_the_fleet_queue(impatient_server, how):
+    """Its queued pieces are dropped at once: before, they stayed queued (and were computed) for a client that was
+    gone, so the queue grew past every bound under a flood of timeouts and starved the clients still waiting."""
+    server = impatient_server
+    body = json.dumps({"inputs": [f"text number {i}" for i in range(2048)]}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    sock.sendall(_post_head("/embed", len(body)) + body)
+    _wait_for("the request never reached the queue", lambda: _queue_depth(server) > 100)
+    if how == "the client hangs up":
+        sock.close()
+        status = "499"
+    else:
+        assert _read_answer(sock)[0] == 504
+        sock.close()
+        status = "504"
+    # 2048 one-text mini-jobs take far longer than this on one worker
+    _wait_for("the dropped request's pieces stayed queued", lambda: _queue_depth(server) == 0, timeout_s=10)
+    assert _metric(server, "bertopt_http_requests_total", route="/embed", status=status) >= 1
+    answer = httpx.post(server.url + "/embed", json={"inputs": ["still answered"]}, timeout=30)
+    assert answer.status_code == 200 and len(answer.json()) == 1
+    status_reply = server.client().status()
+    assert status_reply["http_cancelled"] >= 1 and status_reply["queued_requests"] == 0
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-"])
+def test_a_connection_whose_headers_never_come_is_closed(impatient_server, sent):
+    """Slowloris: a connection that sends nothing, or trickles a request's headers, was held open for ever (3,000
+    of them stayed open; ~20,000 ran the server out of file descriptors, ZeroMQ side included)."""
+    sock = socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=BODY_TIMEOUT_S + 30)
+    sock.sendall(sent)
+    started = time.monotonic()
+    for _ in range(3):  # more bytes, never the end of the headers
+        time.sleep(1)
+        sock.sendall(b"X")
+    assert sock.recv(1024) == b""  # closed by the server
+    assert BODY_TIMEOUT_S - 1 <= time.monotonic() - started < BODY_TIMEOUT_S + 10
+    sock.close()
+    # a request that keeps its connection open afterwards is held to the same time for the next one's headers
+    keep = socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=BODY_TIMEOUT_S + 30)
+    body = b'{"inputs": "hello"}'
+    keep.sendall(_post_head("/embed", len(body)) + body)
+    assert _read_answer(keep)[0] == 200
+    started = time.monotonic()
+    for _ in range(BODY_TIMEOUT_S + 3):  # within uvicorn's 5 s keep-alive each time, never a whole request
+        keep.sendall(b"P")
+        time.sleep(1)
+        if time.monotonic() - started > BODY_TIMEOUT_S + 1:
+            break
+    assert keep.recv(1024) == b""
+    keep.close()
+
+
+def test_tokenize_answers_at_most_the_request_token_budget(impatient_server):
+    """/tokenize builds a JSON object per token (~1 kB of Python each while it is built): 4 MB of text within every
+    other limit made a 131 MB answer and 1 GB of server memory."""
+    texts = ["word " * 400] * 60  # ~24,000 tokens, over this server's --max-request-tokens 20000
+    answer = httpx.post(impatient_server.url + "/tokenize", json={"inputs": texts}, timeout=60)
+    assert answer.status_code == 413, answer.text
+    assert "more than this server's limit of 20000 (--max-request-tokens)" in answer.json()["error"]
+    ok = httpx.post(impatient_server.url + "/tokenize", json={"inputs": texts[:10]}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()) == 10

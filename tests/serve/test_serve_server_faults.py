@@ -146,6 +146,41 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_no_processes(tiny_onnx, 
             client.encode(["late"])
 
 
+@pytest.mark.parametrize("stop", ["--grace runs out", "a second signal"])
+def test_stopping_takes_at_most_the_grace_period_or_ends_at_a_second_signal(tiny_onnx, start_server, stop):
+    """A request that cannot finish in time (20,000 one-text mini-jobs on one worker) is answered with an error
+    when --grace runs out, or at once at a second signal; the server then exits 0 with no process left. Before,
+    the server drained its whole queue whatever --grace said (85 s for --grace 5) and ignored a second signal."""
+    grace = "1" if stop == "--grace runs out" else "120"
+    server = start_server(tiny_onnx.path, "--grace", grace, "--max-batch-size", "1", "--priority-batch-size", "0",
+                          "--max-client-batch-size", "20000", num_worker=1)
+    texts = [f"text {i}" for i in range(20000)]
+    with server.client(timeout=120) as client:
+        future = client.encode_async(texts)
+        deadline = time.monotonic() + 60
+        while client.status()["mini_jobs_done"] < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        if stop == "a second signal":
+            time.sleep(1)
+            assert server.proc.poll() is None  # still finishing (its grace is 120 s)
+            server.proc.send_signal(signal.SIGINT)
+        code = server.proc.wait(60)
+        took = time.monotonic() - signalled
+        with pytest.raises(ServerError, match="the server is stopping .* and did not finish this request"):
+            future.result(30)
+    assert code == 0, server.log()
+    assert took < 20, f"took {took:.1f} s to stop"
+    why = "--grace 1 s ran out" if stop == "--grace runs out" else "a second signal came"
+    assert f"stopping now ({why})" in server.log()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in server.children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in server.children if alive(p)], "orphan processes left behind"
+
+
 def test_a_sink_that_dies_stops_the_server_with_its_reason(tiny_onnx, start_server):
     # every reply goes through the sink: without it the server took requests it could never answer while /health
     # said ok; it now stops, says why, and leaves no process behind (a supervisor restarts it)
