@@ -93,13 +93,17 @@ SERVE_CONFIG_PARAMS = [
     Param("threads_per_worker", int, None, "Threads per worker (default: cores // workers, at least 1).", min=1),
     MAX_REQUEST_BYTES_PARAM.with_(default=64 << 20, min=1024, help="Larger requests get an error reply asking to "
                                   "split them (HTTP: 413, from Content-Length before the body is read)."),
+    Param("worker_stall_timeout", float, 300.0, "Seconds a worker may spend on one mini-job before it is taken "
+          "for hung (stopped, or stuck in its runtime): it is killed and restarted and the mini-job re-sent (a "
+          "request whose piece stalls 3 times gets an error).", min=1),
     Param("grace", float, 60.0, "Seconds to finish the requests already taken on SIGTERM / Ctrl-C; then (or at a "
           "second signal) those unfinished are answered with an error and the server exits.", min=0),
     CURVE_KEYS,
 ]
 # ServeConfig's fields: the flags say --grace, the config grace_s
 SERVE_FIELDS = ConfigFields(SERVE_CONFIG_PARAMS, {"grace": "grace_s", "body_timeout": "body_timeout_s",
-                                                  "request_timeout": "request_timeout_s"})
+                                                  "request_timeout": "request_timeout_s",
+                                                  "worker_stall_timeout": "worker_stall_timeout_s"})
 
 SERVE_PARAMS = [
     Param("artifact", list, None, "Artifact folder(s) to serve on one fleet; NAME=PATH names a model (default: "

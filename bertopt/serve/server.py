@@ -54,6 +54,7 @@ class ServeConfig:
     threads_per_worker: int | None = _DEFAULT["threads_per_worker"]
     max_request_bytes: int = _DEFAULT["max_request_bytes"]
     grace_s: float = _DEFAULT["grace_s"]
+    worker_stall_timeout_s: float = _DEFAULT["worker_stall_timeout_s"]
     startup_timeout_s: float = 300.0
     curve_keys: str | None = _DEFAULT["curve_keys"]
     log_level: str = "INFO"

@@ -223,6 +223,20 @@ class WorkerPool:
             self.spawn(slot)
         return lost
 
+    def kill_stalled(self, stall_s: float) -> None:
+        """Kill every worker that has held a mini-job for more than ``stall_s`` seconds: a stopped process or a
+        runtime that never returns answered nothing while /health said ok. ``reap_dead`` then restarts it and
+        its work is re-sent (a piece that stalls again counts towards the request's attempts)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            held = [now - job.dispatched for job in slot.in_flight()]
+            if slot.proc is None or slot.proc.poll() is not None or not held or max(held) <= stall_s:
+                continue
+            log.error("worker %d (pid %s) has held a mini-job for %.0f s, more than --worker-stall-timeout %g s: "
+                      "killing it", slot.index, slot.proc.pid, max(held), stall_s)
+            slot.proc.kill()
+            slot.proc.wait(10)
+
     def any_alive(self, model: str | None = None) -> bool:
         return any(s.proc is not None for s in self.slots if model in (None, s.model))
 
@@ -738,8 +752,9 @@ class Ventilator:
         if self.sink_alive is not None and not self.sink_alive():
             self.failure = "the sink process (it sends every reply) stopped; see the log above"
             return False
+        self.pool.kill_stalled(self.cfg.get("worker_stall_timeout_s", float("inf")))
         for job in self.pool.reap_dead():
-            self.scheduler.requeue(job, "a worker died")
+            self.scheduler.requeue(job, "a worker died or hung")
         if not self.pool.any_alive():
             reasons = sorted({s.last_error for s in self.workers if s.last_error})
             self.failure = ("every worker stopped: " + ("; ".join(reasons) if reasons else

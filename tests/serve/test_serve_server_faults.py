@@ -181,6 +181,30 @@ def test_stopping_takes_at_most_the_grace_period_or_ends_at_a_second_signal(tiny
     assert not [p for p in server.children if alive(p)], "orphan processes left behind"
 
 
+def test_a_hung_worker_is_killed_restarted_and_its_work_answered(tiny_onnx, tiny_predictor, start_server):
+    """A worker that stops (SIGSTOP here; a runtime that never returns is the same to the server) held its
+    mini-jobs for ever while /health said ok and requests waited into their timeout. After
+    --worker-stall-timeout it is killed, restarted, and the work re-sent."""
+    server = start_server(tiny_onnx.path, "--worker-stall-timeout", "2", num_worker=1)
+    texts = make_texts(20, seed=3)
+    with server.client(timeout=90) as client:
+        pid = client.status()["workers"][0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            got = client.encode(texts)
+            took = time.monotonic() - started
+        finally:
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+        np.testing.assert_allclose(got, tiny_predictor.encode(texts), atol=1e-5, rtol=0)
+        status = client.status()
+    assert 2 <= took < 60
+    assert status["worker_restarts"] == 1 and status["workers"][0]["pid"] != pid
+    assert not alive(pid)
+    assert "more than --worker-stall-timeout 2 s: killing it" in server.log()
+
+
 def test_a_sink_that_dies_stops_the_server_with_its_reason(tiny_onnx, start_server):
     # every reply goes through the sink: without it the server took requests it could never answer while /health
     # said ok; it now stops, says why, and leaves no process behind (a supervisor restarts it)
