@@ -276,7 +276,10 @@ def run_recipe(recipe: Recipe | str | os.PathLike, *, model: str | None = None, 
         result.artifacts.append(result.tune.artifact)
         return result
     total = len(recipe.stages) + (1 if compare else 0) + (1 if gate and recipe.validate else 0)
-    outputs = [stage_folder(base, i, name) for i, (name, _) in enumerate(recipe.stages)] + [base / "validation"]
+    # what this run writes, each checked by check_recipe_outputs to be absent or bertopt's own output
+    outputs = [stage_folder(base, i, name) for i, (name, _) in enumerate(recipe.stages)]
+    if recipe.validate:
+        outputs.append(base / "validation")
     with output_lock(base):  # one recipe run writes under this folder at a time
         check_recipe_outputs(recipe, base, source_spec)  # again, now that nobody else can write there
         # each stage folder names its parent: a run that stops half-way puts the earlier run's folders back
