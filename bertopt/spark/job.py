@@ -220,7 +220,7 @@ def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, mast
                        batch_size, max_seq_len, outputs, prefix, provider, threads, ship, progress, aggregation,
                        sparse_format, max_text_chars, force, long_inputs="truncate") -> dict[str, Any]:
     from bertopt.spark.session import get_session, worker_errors
-    from bertopt.spark.udf import check_columns, predict_dataframe, resolve_outputs
+    from bertopt.spark.udf import _quoted, check_columns, predict_dataframe, resolve_outputs
 
     t0 = time.perf_counter()
     if spark is None:
@@ -241,6 +241,13 @@ def _predict_and_write(art, input: str, fmt: str, out_path: Path, *, spark, mast
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(out_path)
+    # a Parquet string is UTF-8: bytes that are not (their row's error says so) are written with U+FFFD in their
+    # place, or no reader could open the text column (pyarrow: "Wrapping ... failed")
+    from pyspark.sql import functions as F
+
+    text_cols = {text_col} | ({pair_col} if pair_col else set())
+    predicted = predicted.select(*[F.make_valid_utf8(F.col(_quoted(c))).alias(c) if c in text_cols
+                                   else F.col(_quoted(c)) for c in predicted.columns])
     tmp = temp_sibling(out_path)
     sc = spark.sparkContext
     group = f"{JOB_GROUP}-{uuid.uuid4().hex[:8]}"  # this run's jobs only, for the progress bar

@@ -90,7 +90,9 @@ def test_spark_predict_writes_the_reason_per_row_and_exits_0(spark, tiny_onnx, t
     assert code == 0, stderr
     n_errors = sum(err is not None for _, err in ROWS.values())
     assert f"{n_errors} without a prediction: see column 'error'" in stdout
-    table = pq.read_table(out, columns=["idx", "sentence_embedding", "error"]).to_pydict()
+    table = pq.read_table(out).to_pydict()  # every column readable: the text column is valid UTF-8 (U+FFFD)
+    texts = dict(zip(table["idx"], table["text"]))
+    assert texts[4] == "a\ufffdb" and texts[0] == TEXTS[0] and texts[1] is None
     errors = dict(zip(table["idx"], table["error"]))
     embeddings = dict(zip(table["idx"], table["sentence_embedding"]))
     expected = _expected(tiny_onnx)
