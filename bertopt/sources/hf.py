@@ -13,6 +13,7 @@ Weights load through transformers' safetensors path (or ``torch.load(weights_onl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from bertopt.errors import UserError, require
 from bertopt.families import family_by_name, family_for_config
 from bertopt.model_handle import ModelHandle
+from bertopt.sources.files import check_source_file, check_source_files, folder_name_problem, read_source_text
 from bertopt.tasks import TASK_SPECS, TASKS, canonical_task, task_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model",
@@ -36,13 +38,15 @@ _CONFIG_ALIASES = {"hidden_size": ("dim",), "num_attention_heads": ("n_heads",),
                    "intermediate_size": ("hidden_dim",)}
 
 
-def _json_file(file: Path, fix: str, kind: type = dict) -> Any:
+def _json_file(file: Path, fix: str, kind: type = dict, root: Path | None = None) -> Any:
     """A model folder's JSON file whose top level is a ``kind`` (an object, or a list for modules.json); anything
     else is one line naming the file and ending with ``fix``. Not ``artifact.read_json_file``: that one refuses
-    symlinks (an artifact is a boundary), and a Hugging Face cache snapshot's files are symlinks to its blobs."""
+    symlinks (an artifact is a boundary), and a Hugging Face cache snapshot's files are symlinks to its blobs;
+    here a link is followed where it stays in the model folder ``root`` (``sources.files``)."""
+    text = read_source_text(root or file.parent, file, fix)
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise UserError(f"cannot read {file} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
                         f"{fix}") from None
     if not isinstance(data, kind):
@@ -86,12 +90,17 @@ def _st_modules(path: Path) -> list[dict[str, Any]]:
     modules = _json_file(file, "re-save the sentence-transformers model", list)
     if not all(isinstance(m, dict) for m in modules):
         raise UserError(f"{file} must list one object per module; re-save the sentence-transformers model")
+    for module in modules:  # each module's folder is read (its config, a Dense layer's weights): it must be ours
+        problem = folder_name_problem(module.get("path", ""))
+        if problem:
+            raise UserError(f"{file}: module path {module.get('path')!r:.80} {problem}; a module's folder is a "
+                            "relative path inside the model folder")
     return modules
 
 
 def _module_config(path: Path, module: dict[str, Any]) -> dict[str, Any]:
     file = path / module.get("path", "") / "config.json"
-    return _json_file(file, "re-save the sentence-transformers model")
+    return _json_file(file, "re-save the sentence-transformers model", root=path)
 
 
 def _pooling_modes(cfg: dict[str, Any], where: Path) -> list[str]:
@@ -252,8 +261,9 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
     fam = family_by_name(family)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
-        if (src / name).exists():
-            shutil.copy2(src / name, dest / name)
+        if os.path.lexists(src / name):  # a link that leads out of the folder, a FIFO or /dev/zero: refused
+            check_source_file(src, src / name, "replace it with the tokenizer file itself")
+            shutil.copyfile(src / name, dest / name)
     if not (dest / "tokenizer.json").exists():
         build_tokenizer_json(src, fam).save(str(dest / "tokenizer.json"))
     from bertopt.runtime.predictor import read_tokenizer_json
@@ -307,8 +317,11 @@ def _convert_sentencepiece(src: Path):
     """SentencePiece models convert through transformers' converters (they need the sentencepiece package)."""
     require("sentencepiece", "torch", "converting a SentencePiece tokenizer")
     transformers = require("transformers", "torch", "converting a SentencePiece tokenizer")
+    # transformers reads whatever files the folder's tokenizer config names: each must be the folder's own
+    check_source_files(src, fix="replace it with the file itself")
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True)
+        # never the folder's own tokenizer code (auto_map): transformers would ask on stdin, and run it on "y"
+        tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot convert the SentencePiece tokenizer in {src}: {str(exc).splitlines()[0]}") from None
     return tok.backend_tokenizer
@@ -328,6 +341,8 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     # bertopt shows its own progress; transformers' per-load bars and advisories only add noise
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
+    for weights in sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")]):
+        check_source_file(path, weights, "replace it with the weights file itself")
     try:
         # eager attention exports to the graph ONNX Runtime's BERT fusions recognise (SDPA does not fuse)
         model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32)
@@ -336,22 +351,44 @@ def load_torch_model(path: Path, info: dict[str, Any]):
         raise UserError(f"cannot load the model in {path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}; "
                         "check its config.json and weights") from None
     except Exception as exc:  # huggingface_hub's config validation errors derive from Exception only
-        if type(exc).__module__.split(".")[0] != "huggingface_hub":
-            raise
-        raise UserError(f"cannot load the model in {path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}; "
-                        "check its config.json") from None
+        raise weights_error(path, exc) from None
     return model.eval()
+
+
+def weights_error(path: Path, exc: Exception) -> UserError:
+    """A model's weights that cannot be read, as one line; re-raised as it is if the error is none of the input's
+    kinds (a bug). A pickle (pytorch_model.bin) is read with ``weights_only``: one that holds more than tensors
+    is refused, and the line does not repeat torch's advice to load it unsafely."""
+    import pickle
+
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, pickle.UnpicklingError):
+        return UserError(f"cannot load the weights in {path}: pytorch_model.bin holds more than plain tensors (a "
+                         "pickle bertopt never runs); re-save the model with safetensors "
+                         "(save_pretrained(folder, safe_serialization=True)) from a source you trust")
+    if type(exc).__name__ == "SafetensorError" or type(exc).__module__.split(".")[0] == "safetensors":
+        return UserError(f"cannot load the weights in {path}: model.safetensors is damaged ({first:.200}); "
+                         "download or save the model again")
+    if isinstance(exc, OSError):
+        return UserError(f"cannot read the weights in {path} ({exc.strerror or first}); check the folder's files")
+    if type(exc).__module__.split(".")[0] == "huggingface_hub":
+        return UserError(f"cannot load the model in {path}: {first}; check its config.json")
+    raise exc
 
 
 def dense_weights_file(path: Path, dense: dict[str, Any], allow_bin: bool = True) -> Path:
     """The file a Dense module's weights load from: ``model.safetensors``, or (``allow_bin``) a
     ``pytorch_model.bin`` read with ``weights_only=True``; one line when there is none it may read."""
+    problem = folder_name_problem(dense["path"])
+    if problem:
+        raise UserError(f"{path}: the Dense module's path {dense['path']!r:.80} {problem}; a module's folder is a "
+                        "relative path inside the model folder")
     folder = Path(path) / dense["path"]
     if (folder / "model.safetensors").exists():
-        return folder / "model.safetensors"
+        return check_source_file(path, folder / "model.safetensors", "replace it with the weights file itself")
     if (folder / "pytorch_model.bin").exists():
         if allow_bin:
-            return folder / "pytorch_model.bin"
+            return check_source_file(path, folder / "pytorch_model.bin", "replace it with the weights file itself")
         raise UserError(f"{folder} keeps its Dense weights in pytorch_model.bin (a pickle), which bertopt does not "
                         "read beside an ONNX file; re-save the model with safetensors "
                         "(SentenceTransformer(folder).save(folder, safe_serialization=True)) or export the Hugging "

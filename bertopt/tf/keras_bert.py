@@ -10,7 +10,9 @@ against PyTorch on real sentences (``--check-tolerance``, 1e-4 by default) befor
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -35,24 +37,45 @@ def arch_from_config(config: dict[str, Any], where: str) -> dict[str, Any]:
     act = config.get("hidden_act", "gelu")
     if act not in ("gelu", "gelu_python"):
         raise UserError(f"{where}: hidden_act '{act}' is not supported by bertopt's Keras BERT (exact gelu only)")
-    arch = {k: int(config.get(k, 2)) for k in ARCH_KEYS}
-    arch["layer_norm_eps"] = float(config.get("layer_norm_eps", 1e-12))
+    arch = {}
+    for key in ARCH_KEYS:
+        value = config.get(key, 2)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where}: {key} must be a positive whole number, got {value!r:.40}; is this the "
+                            "bert_config.json released with the checkpoint?")
+        arch[key] = value
+    if arch["hidden_size"] % arch["num_attention_heads"]:
+        raise UserError(f"{where}: hidden_size {arch['hidden_size']} is not a multiple of num_attention_heads "
+                        f"{arch['num_attention_heads']}; is this the bert_config.json released with the checkpoint?")
+    eps = config.get("layer_norm_eps", 1e-12)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise UserError(f"{where}: layer_norm_eps must be a small positive number, got {eps!r:.40}")
+    arch["layer_norm_eps"] = float(eps)
     return arch
 
 
 def hf_weights_as_google(path: Path) -> dict[str, np.ndarray]:
     """A Hugging Face BERT's weights renamed to Google's variable names (Linear weights transposed)."""
-    path = Path(path)
-    if (path / "model.safetensors").exists():
-        from safetensors.numpy import load_file
+    from bertopt.sources.files import check_source_file
+    from bertopt.sources.hf import weights_error
 
-        state = load_file(str(path / "model.safetensors"))
-    elif (path / "pytorch_model.bin").exists():
-        torch = require("torch", "torch", "reading pytorch_model.bin")
-        state = {k: v.numpy() for k, v in torch.load(path / "pytorch_model.bin", map_location="cpu",
-                                                       weights_only=True).items()}
-    else:
-        raise UserError(f"{path} has no model.safetensors or pytorch_model.bin")
+    path = Path(path)
+    fix = "replace it with the weights file itself"
+    try:
+        if (path / "model.safetensors").exists():
+            from safetensors.numpy import load_file
+
+            state = load_file(str(check_source_file(path, path / "model.safetensors", fix)))
+        elif (path / "pytorch_model.bin").exists():
+            torch = require("torch", "torch", "reading pytorch_model.bin")
+            state = {k: v.numpy() for k, v in torch.load(check_source_file(path, path / "pytorch_model.bin", fix),
+                                                           map_location="cpu", weights_only=True).items()}
+        else:
+            raise UserError(f"{path} has no model.safetensors or pytorch_model.bin")
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - weights_error re-raises what is not the input's fault
+        raise weights_error(path, exc) from None
     out = {}
     for key, value in state.items():
         name = key[len("bert."):] if key.startswith("bert.") else key
@@ -76,33 +99,72 @@ def hf_weights_as_google(path: Path) -> dict[str, np.ndarray]:
 
 
 def checkpoint_prefix(folder: Path) -> Path:
+    """The checkpoint's file prefix (``bert_model.ckpt``): its ``.index`` and ``.data-*`` files are regular files
+    of the folder. Never a folder: TensorFlow reads a folder's ``checkpoint`` state file and follows the path it
+    names, anywhere on the machine."""
+    from bertopt.sources.files import check_source_file
+
     indexes = sorted(Path(folder).glob("*.ckpt*.index"))
     if not indexes:
         raise UserError(f"{folder} has no *.ckpt.index file; copy bert_model.ckpt.index and .data-* into it")
     preferred = [p for p in indexes if p.name == "bert_model.ckpt.index"]
-    return (preferred or indexes)[0].with_suffix("")
+    index = (preferred or indexes)[0]
+    prefix = index.with_suffix("")
+    fix = "copy the checkpoint's own .index and .data-* files into the folder"
+    if os.path.lexists(prefix):
+        raise UserError(f"{prefix} exists beside {index.name} (TensorFlow would read it as a checkpoint folder and "
+                        f"follow what it names); remove it, or {fix}")
+    for file in [index, *sorted(Path(folder).glob(glob.escape(prefix.name) + ".data-*"))]:
+        check_source_file(folder, file, fix)
+    return prefix
 
 
 def checkpoint_weights(folder: Path) -> dict[str, np.ndarray]:
     """Every variable of a Google (TF1 name-based) checkpoint, read by name; nothing is unpickled."""
+    reader, prefix = _checkpoint_reader(folder)
+    try:
+        return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    except Exception as exc:  # noqa: BLE001 - a truncated or corrupt data file fails in TensorFlow's reader
+        raise UserError(f"cannot read the checkpoint {prefix}: {str(exc).splitlines()[0] if str(exc) else exc!r:.200}"
+                        "; are the .index and .data-* files complete?") from None
+
+
+def _checkpoint_reader(folder: Path):
     import tensorflow as tf
 
     prefix = checkpoint_prefix(folder)
     try:
-        reader = tf.train.load_checkpoint(str(prefix))
+        return tf.train.load_checkpoint(str(prefix)), prefix
     except (tf.errors.OpError, ValueError) as exc:
         raise UserError(f"cannot read the checkpoint {prefix}: {str(exc).splitlines()[0]}; "
                         "are the .index and .data-* files complete?") from None
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def check_checkpoint_matches_config(folder: Path, arch: dict[str, Any]) -> None:
+    """The checkpoint's embedding tables have the sizes bert_config.json gives, checked from the index before any
+    variable is made: a config of a 2-billion-token vocabulary allocated 64 GB before the mismatch was found."""
+    reader, prefix = _checkpoint_reader(folder)
+    shapes = reader.get_variable_to_shape_map()
+    for name, expected in (("bert/embeddings/word_embeddings", [arch["vocab_size"], arch["hidden_size"]]),
+                           ("bert/embeddings/position_embeddings",
+                            [arch["max_position_embeddings"], arch["hidden_size"]])):
+        if name in shapes and list(shapes[name]) != expected:
+            raise UserError(f"{prefix}: {name} is {list(shapes[name])} but bert_config.json says {expected}; the "
+                            "checkpoint does not match bert_config.json")
 
 
 def read_google_config(folder: Path) -> dict[str, Any]:
+    from bertopt.sources.files import read_source_text
+
     file = Path(folder) / "bert_config.json"
+    fix = "it must be the JSON bert_config.json released with the checkpoint"
     try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {file}: {exc}; it must be the JSON bert_config.json released with the "
-                        "checkpoint") from None
+        config = json.loads(read_source_text(folder, file, fix, max_bytes=1 << 20))
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"cannot read {file}: {str(exc).splitlines()[0]:.200}; {fix}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{file} holds a JSON {type(config).__name__}, not an object; {fix}")
+    return config
 
 
 def build_encoder(arch: dict[str, Any], pooling: str | None, normalize: bool):
@@ -161,6 +223,7 @@ def encoder_from_checkpoint(folder: Path, pooling: str | None = "mean", normaliz
     """A Google checkpoint rebuilt in the Keras BERT; returns (encoder, arch, load report)."""
     folder = Path(folder)
     arch = arch_from_config(read_google_config(folder), str(folder / "bert_config.json"))
+    check_checkpoint_matches_config(folder, arch)
     encoder = build_encoder(arch, pooling, normalize)
     report = assign_weights(encoder, checkpoint_weights(folder), str(checkpoint_prefix(folder)))
     return encoder, arch, report

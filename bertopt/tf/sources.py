@@ -100,15 +100,76 @@ def _open_savedmodel(path: Path, signature: str, where: str) -> TFModel:
                    f"SavedModel {path} ({signature})", keep_alive=loaded)
 
 
+# a .keras file's JSON members are a few kB; the weights hold every parameter (at 2 bytes or more each)
+KERAS_JSON_MAX_BYTES = 16 << 20
+_ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings")
+
+
+def check_keras_archive(path: Path) -> None:
+    """Before Keras reads it: a .keras file is a zip whose JSON members are small (a 1.5 MB file whose config.json
+    unpacked to 1.5 GiB took 3.8 GB of memory), and whose BERT encoder's sizes agree with the weights it carries
+    (a config of a 50-million-token vocabulary allocated 5 GB before any weight was read)."""
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UserError(f"{path} is not a .keras archive ({exc}); save the model with model.save('x.keras')") from None
+    with archive:
+        members = {info.filename: info for info in archive.infolist()}
+        for name, info in members.items():
+            if name.endswith(".json") and info.file_size > KERAS_JSON_MAX_BYTES:
+                raise UserError(f"{path}: {name} unpacks to {info.file_size} bytes, far more than a Keras config "
+                                "(a zip bomb?); save the model again with model.save('x.keras')")
+        if "config.json" not in members:
+            return  # Keras says what is missing
+        try:
+            config = json.loads(archive.read("config.json"))
+        except (ValueError, RecursionError, zipfile.BadZipFile, OSError):
+            return  # Keras says what is wrong with it
+    weights = sum(info.file_size for name, info in members.items() if name.endswith(".h5"))
+    for encoder in _dicts_with(config, "vocab_size"):
+        sizes = {key: encoder.get(key, 1) for key in _ENCODER_SIZES}
+        bad = next((k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1), None)
+        if bad:
+            raise UserError(f"{path}: the encoder's {bad} is {sizes[bad]!r:.40}, not a positive whole number; save "
+                            "the model again with model.save('x.keras')")
+        h = sizes["hidden_size"]
+        params = (sizes["vocab_size"] + sizes["max_position_embeddings"]) * h \
+            + sizes["num_hidden_layers"] * (4 * h * h + 2 * h * sizes["intermediate_size"])
+        if 2 * params > 2 * weights + (64 << 20):
+            raise UserError(f"{path}: its config describes an encoder of {params:,} parameters, but the archive's "
+                            f"weights hold {weights:,} bytes; the config does not belong to these weights")
+
+
+def _dicts_with(value, key: str):
+    """Every mapping inside ``value`` (a JSON document) that has ``key``, walked without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if key in item:
+                yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def _open_keras(path: Path) -> TFModel:
     import keras
 
     import bertopt.tf._layers  # noqa: F401  registers bertopt's layers so their .keras files load
 
+    check_keras_archive(path)
     try:
         model = keras.saving.load_model(str(path), safe_mode=True, compile=False)
     except (ValueError, TypeError, OSError, KeyError) as exc:
-        raise UserError(f"Keras cannot load {path}: {str(exc).splitlines()[0]}") from None
+        text = str(exc)
+        # Keras wraps the reason in advice about from_config(); the reason comes after "Exception encountered:"
+        cause = text.split("Exception encountered:", 1)[1] if "Exception encountered:" in text else text
+        reason = " ".join(cause.split())[:300] or type(exc).__name__
+        raise UserError(f"Keras cannot load {path}: {reason}; save the model again with model.save('x.keras')"
+                        ) from None
     names = [t.name for t in model.inputs]
     for n in names:
         if n not in ROLE_BY_NAME:

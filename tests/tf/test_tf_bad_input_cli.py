@@ -149,3 +149,95 @@ def test_max_seq_len_beyond_the_position_table_is_refused(tiny_tf_savedmodel, tm
     assert code == 2 and "exceeds the 64 positions" in err and "--max-seq-len 64" in err
     assert len(err.strip().splitlines()) == 1
     _nothing_written(tmp_path / "frozen")
+
+
+# -- hostile checkpoint folders and .keras files (what they name, how big they claim to be) ------------------
+def _checkpoint_copy(tiny_ckpt, tmp_path) -> Path:
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, folder)
+    return folder
+
+
+def test_a_checkpoint_state_file_cannot_lead_to_weights_elsewhere(tiny_ckpt, tmp_path, cli):
+    """A folder named like the checkpoint prefix, holding a 'checkpoint' file that names weights outside: TensorFlow
+    read those (the artifact held weights from anywhere on the machine)."""
+    import shutil
+
+    folder = _checkpoint_copy(tiny_ckpt, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    prefix = next(folder.glob("*.index")).with_suffix("")
+    for file in folder.glob(prefix.name + ".*"):
+        shutil.move(file, elsewhere / file.name)
+    (folder / (prefix.name + ".index")).write_bytes(b"")  # what the glob finds
+    prefix.mkdir()
+    (prefix / "checkpoint").write_text(f'model_checkpoint_path: "{elsewhere / prefix.name}"\n')
+    code, _, err = cli("freeze", folder, "--out", tmp_path / "out")
+    assert code == 2 and "TensorFlow would read it as a checkpoint folder" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    _nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be a positive whole number, got 0"),
+    ({"num_attention_heads": 3}, "hidden_size 32 is not a multiple of num_attention_heads 3"),
+    ({"vocab_size": "abc"}, "vocab_size must be a positive whole number, got 'abc'"),
+    ({"vocab_size": [1]}, "vocab_size must be a positive whole number, got [1]"),
+    ({"layer_norm_eps": "x"}, "layer_norm_eps must be a small positive number"),
+    # checked against the checkpoint's index before any variable is made (this one allocated 64 GB)
+    ({"vocab_size": 2_000_000_000}, "bert/embeddings/word_embeddings is [")])
+def test_bert_config_values_are_checked_before_anything_is_built(tiny_ckpt, tmp_path, cli, change, message):
+    folder = _checkpoint_copy(tiny_ckpt, tmp_path)
+    config = json.loads((folder / "bert_config.json").read_text())
+    (folder / "bert_config.json").write_text(json.dumps({**config, **change}))
+    code, _, err = cli("freeze", folder, "--out", tmp_path / "out")
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    _nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("what", ["bert_config.json is a FIFO", "vocab.txt links outside"])
+def test_checkpoint_folder_files_must_be_its_own_regular_files(tiny_ckpt, tmp_path, cli, what):
+    import os
+
+    folder = _checkpoint_copy(tiny_ckpt, tmp_path)
+    if what == "bert_config.json is a FIFO":
+        (folder / "bert_config.json").unlink()
+        os.mkfifo(folder / "bert_config.json")
+        message = "bert_config.json is not a regular file"
+    else:
+        secret = tmp_path / "secret.txt"
+        secret.write_text("a private file\n")
+        (folder / "vocab.txt").unlink()
+        (folder / "vocab.txt").symlink_to(secret)
+        message = f"vocab.txt is a link to {secret}, outside the model folder"
+    code, _, err = cli("freeze", folder, "--out", tmp_path / "out")  # the FIFO hung this for ever
+    assert code == 2 and message in err, err
+    _nothing_written(tmp_path / "out")
+
+
+def test_a_truncated_checkpoint_is_one_line(tiny_ckpt, tmp_path, cli):
+    folder = _checkpoint_copy(tiny_ckpt, tmp_path)
+    data = next(folder.glob("*.data-*"))
+    data.write_bytes(data.read_bytes()[:100])
+    code, _, err = cli("freeze", folder, "--out", tmp_path / "out")
+    assert code == 2 and "cannot read the checkpoint" in err and "Traceback" not in err, err
+    _nothing_written(tmp_path / "out")
+
+
+def test_a_keras_file_whose_config_unpacks_to_gigabytes_is_refused_unread(tiny_keras_file, tmp_path, cli):
+    import zipfile
+
+    bomb = tmp_path / "bomb.keras"
+    with zipfile.ZipFile(tiny_keras_file) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "config.json":
+                data = data[:-1] + b" " * (20 << 20) + data[-1:]  # 20 MiB of spaces: a few kB packed
+            out.writestr(info.filename, data)
+    assert bomb.stat().st_size < 1 << 20
+    code, _, err = cli("freeze", bomb, "--out", tmp_path / "out")
+    assert code == 2 and "config.json unpacks to" in err and "zip bomb" in err, err
+    _nothing_written(tmp_path / "out")
