@@ -403,9 +403,9 @@ def _put_back(aside: Path, folder: Path) -> None:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        shutil.rmtree(path, ignore_errors=True)
     else:
-        path.unlink()
+        path.unlink(missing_ok=True)
 
 
 def process_scratch(what: str) -> Path:
