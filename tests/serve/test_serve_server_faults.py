@@ -120,16 +120,21 @@ def test_worker_killed_mid_request_every_request_answered_once(tiny_onnx, tiny_p
             c.close()
 
 
+def _wait_until_working(client, mini_jobs: int = 5) -> None:
+    """Until the server has finished ``mini_jobs`` mini-jobs: a request is in flight, with more of it to do."""
+    deadline = time.monotonic() + 60
+    while client.status()["mini_jobs_done"] < mini_jobs:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def test_sigterm_finishes_in_flight_requests_and_leaves_no_processes(tiny_onnx, tiny_predictor, start_server):
     # 3000 texts in one request: over the default --max-client-batch-size (2048), so the limit is raised
     server = start_server(tiny_onnx.path, "--max-batch-size", "4", "--max-client-batch-size", "4096", num_worker=2)
     texts = make_texts(3000, seed=11)
     with server.client(timeout=120) as client:
         future = client.encode_async(texts)
-        deadline = time.monotonic() + 60
-        while client.status()["mini_jobs_done"] < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _wait_until_working(client)
         children = set(server.children)
         assert len(children) >= 3  # sink + 2 workers
         code = server.terminate(timeout=90)
@@ -157,10 +162,7 @@ def test_stopping_takes_at_most_the_grace_period_or_ends_at_a_second_signal(tiny
     texts = [f"text {i}" for i in range(20000)]
     with server.client(timeout=120) as client:
         future = client.encode_async(texts)
-        deadline = time.monotonic() + 60
-        while client.status()["mini_jobs_done"] < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _wait_until_working(client)
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         if stop == "a second signal":
