@@ -249,6 +249,8 @@ class Artifact:
     # -- loading ---------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | os.PathLike, verify: bool = True) -> "Artifact":
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ArtifactError(f"Artifact.load needs the path of an artifact folder, got {path!r:.60}")
         path = Path(path)
         if not path.exists():
             raise ArtifactError(f"artifact not found: {path} (give the folder a bertopt stage wrote)")

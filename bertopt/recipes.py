@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from bertopt.errors import UserError
 from bertopt.params import resolve_config
+from bertopt.untrusted import load_yaml_bounded, read_user_file
 
 RECIPE_KEYS = ("name", "description", "model", "out", "stages", "validate", "tune")
 DEFAULT_RECIPE = "minilm-tuned"  # the fastest artifact that passes the gate on the machine it runs on (bertopt tune)
@@ -80,88 +81,13 @@ def find_recipe(name_or_path: str | os.PathLike | None) -> Path:
 
 
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a few hundred bytes; anything near this is not one
-MAX_RECIPE_NODES = 100_000  # scalars, lists and mappings after expanding every YAML alias
-MAX_RECIPE_DEPTH = 64
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_RECIPE_BYTES + 1)
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder; give the path of a .yaml recipe") from None
-    except OSError as exc:
-        raise UserError(f"cannot read recipe {path}: {exc.strerror}; check the path and its permissions") from None
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise UserError(f"{path} is larger than {MAX_RECIPE_BYTES >> 20} MiB, too large for a recipe; give a recipe "
-                        "file (a few lines of YAML)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not a UTF-8 text file") from None
-    return parse_recipe(load_yaml_bounded(text, str(path)), str(path), path)
-
-
-def load_yaml_bounded(text: str, where: str) -> Any:
-    """YAML with the safe loader, refusing before construction a document that expands (through aliases:
-    "billion laughs") to more than MAX_RECIPE_NODES nodes, nests deeper than MAX_RECIPE_DEPTH, or refers to
-    itself: each is one line, never a MemoryError or RecursionError."""
-    import yaml
-
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            _check_expanded_size(node, where)
-            return loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        raise UserError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise UserError(f"{where}: the YAML nests too deeply (more than {MAX_RECIPE_DEPTH} levels); a recipe is a "
-                        "few levels deep") from None
-
-
-def _check_expanded_size(root, where: str) -> None:
-    """The node count of the document with every alias expanded, computed on the composed graph (where an alias
-    is one shared node) without expanding it; iterative, so depth cannot overflow the stack."""
-    import yaml
-
-    sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[Any, int, bool]] = [(root, 1, False)]
-    while stack:
-        node, depth, done = stack.pop()
-        key = id(node)
-        if depth > MAX_RECIPE_DEPTH:
-            raise UserError(f"{where}: the YAML nests more than {MAX_RECIPE_DEPTH} levels deep; a recipe is a few "
-                            "levels deep")
-        if isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        else:
-            sizes[key] = 1
-            continue
-        if done:
-            on_path.discard(key)
-            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
-            if sizes[key] > MAX_RECIPE_NODES:
-                raise UserError(f"{where}: the YAML expands to more than {MAX_RECIPE_NODES} values (aliases "
-                                "repeating aliases); refusing it, write the recipe out plainly")
-            continue
-        if key in sizes:
-            continue
-        if key in on_path:
-            raise UserError(f"{where}: the YAML refers to itself (an alias inside its own anchor); write the recipe "
-                            "out plainly")
-        on_path.add(key)
-        stack.append((node, depth, True))
-        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+    text = read_user_file(path, max_bytes=MAX_RECIPE_BYTES, what="recipe",
+                          fix="give the path of a .yaml recipe (a few lines of YAML)")
+    return parse_recipe(load_yaml_bounded(text, str(path), "a recipe"), str(path), path)
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")

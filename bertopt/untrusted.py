@@ -6,11 +6,17 @@ words (its limit, its fix).
 * ``text_list``: what a Python caller gives as texts, as a list (a generator read once; a dict refused).
 * ``lone_surrogate``: a JSON ``\\ud800`` escape decodes to a lone surrogate, which is not a Unicode character and
   which no tokenizer encodes; it is found before tokenising.
+* ``read_user_file`` / ``load_yaml_bounded``: a small file the user names (a recipe, a fleet file) read as a regular
+  file with a size bound (a FIFO or ``/dev/zero`` never hangs the reader), and YAML whose aliases could expand to
+  billions of values ("billion laughs") measured before it is built.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,3 +70,96 @@ def text_list(texts: Any, what: str = "texts") -> list[Any]:
             or not hasattr(texts, "__iter__") or hasattr(texts, "keys"):
         raise UserError(f"{what} must be a string or a list of strings, got {type(texts).__name__}")
     return list(texts)
+
+
+YAML_MAX_NODES = 100_000  # scalars, lists and mappings after expanding every alias: a config is a few dozen
+YAML_MAX_DEPTH = 64
+
+
+def read_user_file(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str) -> str:
+    """The UTF-8 text of a small file the user named (``what``: "recipe", "fleet file"): links are followed (the
+    user chose the path), but only a regular file is read, opened without blocking (a FIFO would wait for a writer
+    for ever, a device never end), and at most ``max_bytes``. Every problem is one UserError ending with ``fix``."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a {what}; {fix}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or type(exc).__name__}; {fix}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{path} is a folder, not a {what}; {fix}")
+        raise UserError(f"{path} is not a regular file (a FIFO, socket or device), not a {what}; {fix}")
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise UserError(f"{path} is larger than {max_bytes >> 10} KiB, too large for a {what}; {fix}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not a UTF-8 text file, not a {what}; {fix}") from None
+
+
+def load_yaml_bounded(text: str, where: str, what: str = "a config") -> Any:
+    """YAML with the safe loader, refusing before construction a document that expands (through aliases:
+    "billion laughs") to more than YAML_MAX_NODES values, nests deeper than YAML_MAX_DEPTH, or refers to itself:
+    each is one line naming ``where`` (``what`` says what the file should be: "a recipe"), never a MemoryError,
+    a RecursionError or minutes of work."""
+    import yaml
+
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_expanded_size(node, where, what)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        raise UserError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"{where}: the YAML nests too deeply (more than {YAML_MAX_DEPTH} levels); {what} is a "
+                        "few levels deep") from None
+
+
+def _check_expanded_size(root, where: str, what: str) -> None:
+    """The node count of the document with every alias expanded, computed on the composed graph (where an alias
+    is one shared node) without expanding it; iterative, so depth cannot overflow the stack."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        if depth > YAML_MAX_DEPTH:
+            raise UserError(f"{where}: the YAML nests more than {YAML_MAX_DEPTH} levels deep; {what} is a few "
+                            "levels deep")
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[key] = 1
+            continue
+        if done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > YAML_MAX_NODES:
+                raise UserError(f"{where}: the YAML expands to more than {YAML_MAX_NODES} values (aliases "
+                                "repeating aliases); refusing it, write it out plainly")
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise UserError(f"{where}: the YAML refers to itself (an alias inside its own anchor); write it out "
+                            "plainly")
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)

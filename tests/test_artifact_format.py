@@ -72,6 +72,13 @@ def test_missing_file_is_refused(tiny_onnx, tmp_path):
         Artifact.load(dest)
 
 
+@pytest.mark.parametrize("path", [None, "", 3])
+def test_load_without_a_path_says_so(path):
+    # Path(None) was a TypeError; Path("") is the working folder, which is not what a caller meant
+    with pytest.raises(ArtifactError, match="Artifact.load needs the path of an artifact folder, got"):
+        Artifact.load(path)
+
+
 def test_folder_without_manifest_is_not_an_artifact(tmp_path):
     with pytest.raises(ArtifactError, match="not a bertopt artifact"):
         Artifact.load(tmp_path)

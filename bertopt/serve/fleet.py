@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
+from bertopt.untrusted import load_yaml_bounded, read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -62,19 +63,16 @@ def _count(value: Any, key: str, where: str) -> int | None:
     return value
 
 
+MAX_FLEET_FILE_BYTES = 1 << 20  # a fleet file names a few models
+
+
 def read_models_file(path: str) -> list[ModelSpec]:
     """The models of a YAML fleet file (see the module's doc); relative artifact paths are read from the file's
     folder. Every problem is one line naming the file and the entry."""
-    import yaml
-
     file = Path(path)
-    if not file.is_file():
-        raise UserError(f"--models {path}: no such file; give a YAML file listing name -> artifact")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"--models {path}: not valid YAML ({first}); see docs/serving.md for the format") from None
+    text = read_user_file(file, max_bytes=MAX_FLEET_FILE_BYTES, what="fleet file",
+                          fix="give a YAML file listing name -> artifact (docs/serving.md)")
+    data = load_yaml_bounded(text, f"--models {path}", "a fleet file")
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict) or not models:
         raise UserError(f"--models {path}: expected a 'models:' mapping of name -> artifact (or name -> {{artifact, "

@@ -6,6 +6,7 @@ bound (``Artifact.served_deviation_bound``), and a flood on one model leaves the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -244,9 +245,17 @@ def test_models_file_sets_each_models_workers_and_threads(arts, start_server, tm
      "least 1, got 0"),
     (["--models", "{y}"], "models: {{a: [", "not valid YAML"),
     (["--models", "{y}", "embed={e}"], "models:\n  embed: {r}", "two models are named 'embed'"),
+    # billion laughs: 10^8 values from 1 KB (safe_load built them for minutes); refused before building
+    (["--models", "{y}"], "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 8)) + "models: {{a: {{artifact: {e}, "
+     "workers: *a7}}}}", "the YAML expands to more than 100000 values"),
+    (["--models", "{f}"], None, "is not a regular file (a FIFO, socket or device), not a fleet file"),
+    (["--models", "{t}"], None, "is a folder, not a fleet file"),
 ])
 def test_fleet_definition_mistakes_are_one_line_and_exit_2(cli, arts, tmp_path, args, fleet_yaml, message):
-    fill = {"e": arts["embed"].path, "r": arts["rerank"].path, "y": tmp_path / "fleet.yaml"}
+    fill = {"e": arts["embed"].path, "r": arts["rerank"].path, "y": tmp_path / "fleet.yaml", "f": tmp_path / "fifo",
+            "t": tmp_path}
+    os.mkfifo(tmp_path / "fifo")  # a FIFO waits for a writer for ever when opened plainly
     if fleet_yaml is not None:
         (tmp_path / "fleet.yaml").write_text(fleet_yaml.format(**fill))
     code, out, err = cli("serve", *[a.format(**fill) for a in args])
