@@ -307,9 +307,9 @@ def _raise_on_sigterm():
         return None
 
     def on_sigterm(signum, frame):
-        from bertopt.errors import defer_signal
+        from bertopt.errors import hold_signal
 
-        if not defer_signal(Terminated()):  # inside an output swap: raised when the swap is done
+        if not hold_signal(Terminated(), signum, frame):  # inside an output swap or an import: raised after it
             raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_sigterm)
@@ -331,10 +331,10 @@ def _remember_sigint():
         return None
 
     def on_sigint(signum, frame):
-        from bertopt.errors import defer_signal
+        from bertopt.errors import hold_signal
 
         INTERRUPTED.set()
-        if not defer_signal(KeyboardInterrupt()):  # inside an output swap: raised when the swap is done
+        if not hold_signal(KeyboardInterrupt(), signum, frame):  # inside an output swap or an import: raised after
             raise KeyboardInterrupt
 
     return signal.signal(signal.SIGINT, on_sigint)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,6 +61,30 @@ def defer_signal(exc: BaseException) -> bool:
     the main thread, where the handlers run; False: raise it now."""
     if _DEFERRED["depth"] > 0 and threading.current_thread() is threading.main_thread():
         _DEFERRED["pending"] = _DEFERRED["pending"] or exc
+        return True
+    return False
+
+
+def _inside_import(frame) -> bool:
+    """Whether ``frame`` runs inside an ``import`` (a module's body, called by importlib)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def hold_signal(exc: BaseException, signum: int, frame) -> bool:
+    """For the CLI's signal handlers: True where ``exc`` must not be raised now. Inside ``signals_deferred`` it is
+    kept for the block's end; inside an import it is sent again 50 ms later, until the import is done: raised in
+    a module's body while native code runs it (torch's C++ initialisers call back into Python), it went through
+    pybind11 into std::terminate (exit 134, no ``finally`` run, the output lock left behind)."""
+    if defer_signal(exc):
+        return True
+    if _inside_import(frame):
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
         return True
     return False
 

@@ -215,6 +215,35 @@ def test_an_interrupt_a_library_handled_its_own_way_still_exits_130_under_python
     assert sorted(p.name for p in work.iterdir()) == []
 
 
+# an interrupt inside a module's body while an import runs it: raised there while native code ran the body (torch's
+# C++ initialisers call back into Python during ``import torch``), it went through pybind11 into std::terminate
+# (exit 134, a C++ dump, the output lock left); the CLI now lets the import finish and raises after it
+INTERRUPTING_MODULE = """import os, pathlib, signal
+os.kill(os.getpid(), signal.SIGINT)
+for _ in range(100_000):
+    pass
+pathlib.Path(__file__).with_name("imported-whole").write_text("yes")
+"""
+
+
+def test_an_interrupt_during_an_import_lets_it_finish_then_exits_130(tiny_onnx, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "interrupting_module.py").write_text(INTERRUPTING_MODULE)
+    (site / "sitecustomize.py").write_text(INTERRUPT_IN_LIBRARY.format(body="import interrupting_module"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": os.pathsep.join(
+        [str(site), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(tiny_onnx.path), "--report-dir",
+                           str(work / "r"), "--seq-lens", "16"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert (site / "imported-whole").is_file()  # the module's body ran to its end: no exception inside it
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert lines(proc.stderr)[-1] == "interrupted" and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in work.iterdir()) == []
+
+
 def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
