@@ -36,12 +36,12 @@ SETTINGS_PARAMS = [
     BATCH_SIZE,
     Param("seq_len", int, 128, "Tokens per sentence of the padded workload.", min=1),
     Param("latency_seq_len", int, 16, "Tokens of the batch-1 latency input ([CLS] text [SEP]: at least 3).", min=3),
-    Param("texts", int, 256, "Sentences per padded pass.", min=1),
-    Param("mixed_texts", int, None, "Lines of mixed-length text per pass (default: all 512).", min=1),
-    Param("latency_calls", int, 30, "Batch-1 calls per round.", min=1),
+    Param("texts", int, 256, "Sentences per padded pass.", min=1, max=100_000),
+    Param("mixed_texts", int, None, "Lines of mixed-length text per pass (default: all 512).", min=1, max=100_000),
+    Param("latency_calls", int, 30, "Batch-1 calls per round.", min=1, max=100_000),
     Param("corpus_texts", int, None, "Built-in corpus sentences used for fidelity with --reference (default: all).",
           min=2),
-    Param("rounds", int, 3, "Interleaved rounds; medians are reported.", min=1),
+    Param("rounds", int, 3, "Interleaved rounds; medians are reported.", min=1, max=1000),
 ]
 SETTINGS_FIELDS = ConfigFields(SETTINGS_PARAMS, {"texts": "padded_texts"})
 _DEFAULT = SETTINGS_FIELDS.defaults()

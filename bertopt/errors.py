@@ -98,6 +98,30 @@ class UserError(Exception):
 class MissingDependency(UserError):
     """An optional dependency is not installed."""
 
+
+class ModelRunError(UserError):
+    """A model's graph failed inside its runtime (ONNX Runtime, OpenVINO): an operator it cannot run, a tensor it
+    cannot allocate (a hand-made graph asking 40 GB), inputs of another type. The graph is the user's input, so
+    this is one line and exit 2, not a traceback (exit 1 reads as "gate failed")."""
+
+    @classmethod
+    def of(cls, what: str, runtime: str, exc: BaseException | str) -> "ModelRunError":
+        text = " ".join(str(exc).split())
+        # ONNX Runtime prefixes "[ONNXRuntimeError] : 1 : FAIL : " and a kernel's failure "... Status Message:
+        # /onnxruntime_src/...cc:360 void* Function(args) ": the reason is what follows
+        reason = text.rsplit(" : ", 1)[-1] if text.startswith("[ONNXRuntimeError]") else text
+        reason = reason.rsplit("Status Message: ", 1)[-1]
+        if reason.startswith("/") and ") " in reason:
+            reason = reason.split(") ", 1)[1]
+        return cls(f"{what} failed to run in {runtime}: {reason[:300] or 'no reason given'}; the graph cannot run "
+                   "as given: re-export the model (bertopt export from its Hugging Face folder)")
+
+
+def is_runtime_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from ONNX Runtime's or OpenVINO's native code (not bertopt's own, nor an interrupt)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("onnxruntime", "openvino")) or type(exc) is RuntimeError
+
     def __init__(self, module: str, extra: str, what: str = ""):
         purpose = f" (needed for {what})" if what else ""
         super().__init__(

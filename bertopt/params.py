@@ -115,7 +115,8 @@ class Param:
                 raise UserError(f"{where}: '{self.name}' must be a finite number, got {value}")
             low, high = self.min, self.max
             if (low is not None and value < low) or (high is not None and value > high):
-                raise UserError(f"{where}: '{self.name}' must be {self.span}, got {value:g}")
+                shown = value if isinstance(value, int) else format(value, "g")
+                raise UserError(f"{where}: '{self.name}' must be {self.span}, got {shown}")
         if self.check is not None:
             problem = self.check(value)
             if problem:
@@ -234,10 +235,14 @@ class ConfigFields:
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 PROVIDER = Param("provider", str, "auto", "Execution provider (auto: CUDA when the runtime has it, else CPU).",
                  choices=PROVIDERS)
+# upper bounds: a runtime that cannot make 100,000 threads crashes (SIGSEGV in ONNX Runtime), and a batch of 10^8
+# rows was allocated whole for a hundred texts
+MAX_THREADS = 1024
+MAX_BATCH_SIZE = 4096
 THREADS = Param("threads", int, None, "CPU threads per model session (default: every core this process may use).",
-                min=1)
+                min=1, max=MAX_THREADS)
 BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "
-                   "first).", min=1)
+                   "first).", min=1, max=MAX_BATCH_SIZE)
 # an OpenVINO artifact's runtime option, written by the stages that make one (compile, quantize --runtime openvino)
 STATIC_FULL_BATCH = Param("static_full_batch", str, "auto", "OpenVINO: also compile the model for the one shape of a "
                           "full batch (batch size x the window: long documents, padded input) and run such batches "

@@ -76,10 +76,11 @@ YAML_MAX_NODES = 100_000  # scalars, lists and mappings after expanding every al
 YAML_MAX_DEPTH = 64
 
 
-def read_user_file(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str) -> str:
-    """The UTF-8 text of a small file the user named (``what``: "recipe", "fleet file"): links are followed (the
-    user chose the path), but only a regular file is read, opened without blocking (a FIFO would wait for a writer
-    for ever, a device never end), and at most ``max_bytes``. Every problem is one UserError ending with ``fix``."""
+def read_user_file(path: str | os.PathLike, *, max_bytes: int, what: str, fix: str, decode: bool = True) -> Any:
+    """The UTF-8 text (the bytes, unless ``decode``) of a small file the user named (``what``: "recipe", "fleet
+    file", "data file"): links are followed (the user chose the path), but only a regular file is read, opened
+    without blocking (a FIFO would wait for a writer for ever, a device never end), and at most ``max_bytes``.
+    Every problem is one UserError ending with ``fix``."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -96,11 +97,17 @@ def read_user_file(path: str | os.PathLike, *, max_bytes: int, what: str, fix: s
     with os.fdopen(fd, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:
-        raise UserError(f"{path} is larger than {max_bytes >> 10} KiB, too large for a {what}; {fix}")
+        raise UserError(f"{path} is larger than {_size(max_bytes)}, too large for a {what}; {fix}")
+    if not decode:
+        return raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a UTF-8 text file, not a {what}; {fix}") from None
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def load_yaml_bounded(text: str, where: str, what: str = "a config") -> Any:

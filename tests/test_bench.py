@@ -95,7 +95,7 @@ def test_flops_per_sentence_matches_bert_base_figure():
 
 def test_bench_bad_input_is_one_line_exit_2(tiny_onnx, tmp_path, cli):
     code, _, err = cli("bench", tiny_onnx.path, "--rounds", "0")
-    assert code == 2 and "bench: 'rounds' must be at least 1, got 0" in err
+    assert code == 2 and "bench: 'rounds' must be between 1 and 1000, got 0" in err
     code, _, err = cli("bench", tmp_path / "missing")
     assert code == 2 and "artifact not found" in err
     out = tmp_path / "never.json"

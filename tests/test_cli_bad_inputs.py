@@ -171,6 +171,92 @@ def _report_folder(c: Ctx) -> Path:
     return folder
 
 
+def _onnx_source(c: Ctx, name: str, outputs=(("sentence_embedding", ["batch", 32]),), input_type: int = 7,
+                 external: str | None = None, config: bool = True) -> Path:
+    """A hand-made ONNX graph in a folder with the tiny model's tokenizer (and config.json): inputs input_ids and
+    attention_mask of ``input_type``; each output (name, declared shape) computed from the ids; ``external``: one
+    weight kept in an external data file of that name."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    folder = c.tmp / name
+    folder.mkdir()
+    for file in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json") + \
+            (("config.json",) if config else ()):
+        if (c.tiny_hf / file).exists():
+            shutil.copy2(c.tiny_hf / file, folder / file)
+    inputs = [h.make_tensor_value_info(n, input_type, ["batch", "sequence"]) for n in ("input_ids", "attention_mask")]
+    nodes = [h.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT)]
+    inits = []
+    if external:
+        weight = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 32],
+                                  data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", external), ("offset", "0"), ("length", "512")):
+            entry = weight.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(weight)
+        (folder / external).parent.mkdir(parents=True, exist_ok=True)
+        (folder / external).write_bytes(np.ones(128, np.float32).tobytes())
+        nodes.append(h.make_node("ReduceSum", ["w"], ["w_sum"], keepdims=0))
+        nodes.append(h.make_node("Mul", ["ids_f", "w_sum"], ["ids_w"]))
+    source = "ids_w" if external else "ids_f"
+    nodes += [h.make_node("Identity", [source], [out]) for out, _ in outputs]
+    graph = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info(out, TensorProto.FLOAT, shape)
+                                              for out, shape in outputs], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+def _allocation_bomb(c: Ctx) -> Path:
+    """An artifact exported from a 300-byte graph whose ConstantOfShape asks for 4 TB as it runs (nothing runs it
+    at export): ONNX Runtime's allocation failure was a traceback and exit 1, read by CI as "gate failed"."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as h
+
+    from bertopt.registry import run_stage
+
+    model_file = _onnx_source(c, "bomb-src")
+    model = onnx.load(str(model_file))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1_000_000, 1_000_000], np.int64), "shape"))
+    model.graph.node.insert(0, h.make_node("ConstantOfShape", ["shape"], ["big"],
+                                           value=h.make_tensor("v", TensorProto.FLOAT, [1], [1.0])))
+    model.graph.node.insert(1, h.make_node("ReduceSum", ["big"], ["big_sum"], keepdims=0))
+    out = model.graph.node[-1]  # Identity(ids_f) -> sentence_embedding: add the sum in
+    model.graph.node.insert(len(model.graph.node) - 1, h.make_node("Add", ["ids_f", "big_sum"], ["ids_big"]))
+    out.input[0] = "ids_big"
+    onnx.save(model, str(model_file))
+    return run_stage("export", str(model_file), {}, c.tmp / "bomb").path
+
+
+def _sparse(c: Ctx, name: str, size: int) -> Path:
+    path = c.tmp / name
+    with open(path, "wb") as fh:
+        fh.truncate(size)  # sparse: no disk used, read whole it is `size` bytes of memory
+    return path
+
+
+def _parquet_bomb(c: Ctx) -> Path:
+    """Two million rows of one dictionary-encoded string: a few KB on disk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2_000_000
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int8()), pa.array(["hello world"]))
+    path = c.tmp / "bomb.parquet"
+    pq.write_table(pa.table({"text": column}), str(path), compression="zstd")
+    return path
+
+
+def _fleet_file(c: Ctx, entry: str) -> Path:
+    return c.write("fleet.yaml", f"models:\n  emb:\n    artifact: {c.tiny}\n    {entry}\n")
+
+
 def _alias_bomb(levels: int = 9) -> str:
     """'billion laughs': each level is 9 aliases of the one before, 9**levels strings once expanded."""
     lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
@@ -304,8 +390,8 @@ CASES = {
         ["validate", c.tiny, "--error-quantile", "1.5", "--report-dir", c.tmp / "r"], "'error_quantile' must be",
         [c.tmp / "r"]),
     "validate --threads 0": lambda c: (
-        ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"], "'threads' must be at least 1",
-        [c.tmp / "r"]),
+        ["validate", c.tiny, "--threads", "0", "--report-dir", c.tmp / "r"],
+        "'threads' must be between 1 and 1024, got 0", [c.tmp / "r"]),
     "serve --port 0": lambda c: (["serve", c.tiny, "--port", "0"], "serve: 'port' must be between 1 and 65535", []),
     "serve --http-port the same as --port": lambda c: (
         ["serve", c.tiny, "--port", "5555", "--port-out", "5556", "--http-port", "5555"],
@@ -336,7 +422,7 @@ CASES = {
     "inspect a path with an emoji code": lambda c: (
         ["inspect", c.tmp / ":fire:" / "x"], ":fire:/x", []),
     "serve --num-worker 0": lambda c: (
-        ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be at least 1", []),
+        ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be between 1 and 256", []),
     "serve --max-seq-len 0": lambda c: (
         ["serve", c.tiny, "--max-seq-len", "0"], "serve: 'max_seq_len' must be at least 1", []),
     "client encode --timeout -1": lambda c: (
@@ -350,7 +436,7 @@ CASES = {
          "--backend", "zmq", "--port", "70000"], "kafka: 'port' must be between 1 and 65535", []),
     "spark-predict --batch-size 0": lambda c: (
         ["spark-predict", c.tiny, "--input", c.tmp / "in.txt", "--output", c.tmp / "o",
-         "--batch-size", "0"], "spark-predict: 'batch_size' must be at least 1", [c.tmp / "o"]),
+         "--batch-size", "0"], "spark-predict: 'batch_size' must be between 1 and 4096", [c.tmp / "o"]),
     # outputs that cannot be written: checked before any work
     "export --out unwritable": lambda c: (
         ["export", c.tiny_hf, "--out", UNWRITABLE + "/o"], "is not writable", []),
@@ -611,6 +697,66 @@ CASES = {
     "run: a recipe file of 2 MiB": lambda c: (
         ["run", c.recipe("# padding\n" * 200_000 + "stages: [export]\n"), "--out", c.tmp / "a"],
         "too large for a recipe", [c.tmp / "a"]),
+
+    # hostile ONNX sources, data files and option values (the twenty-first session's hunt): each a traceback, a
+    # crash or gigabytes of memory before
+    "export: logits declaring a billion labels (a billion-entry label map)": lambda c: (
+        ["export", _onnx_source(c, "wide", [("logits", ["batch", 1_000_000_000])], config=True), "--out", c.tmp / "a"],
+        "declares its last dimension as 1,000,000,000, not a width from 1 to 1,048,576", [c.tmp / "a"]),
+    "export: classifier logits whose width is not fixed, no num_labels in its config": lambda c: (
+        ["export", _onnx_source(c, "nodim", [("logits", ["batch", "n"])]), "--out", c.tmp / "a"],
+        "the classification output 'logits' does not declare how many labels it has; put num_labels", [c.tmp / "a"]),
+    "export: a pooled output of 4 dimensions": lambda c: (
+        ["export", _onnx_source(c, "rank4", [("sentence_embedding", ["batch", 2, 2, 8])]), "--out", c.tmp / "a"],
+        "ONNX output 'sentence_embedding' has 4 dimensions", [c.tmp / "a"]),
+    "export: a graph with no outputs": lambda c: (
+        ["export", _onnx_source(c, "none", []), "--out", c.tmp / "a"], "the ONNX graph has no outputs",
+        [c.tmp / "a"]),
+    "export: float input_ids": lambda c: (
+        ["export", _onnx_source(c, "floats", input_type=1), "--out", c.tmp / "a"],
+        "ONNX input 'input_ids' holds float32, not int64 or int32", [c.tmp / "a"]),
+    "export: string input_ids": lambda c: (
+        ["export", _onnx_source(c, "strings", input_type=8), "--out", c.tmp / "a"],
+        "ONNX input 'input_ids' holds strings, not int64 or int32", [c.tmp / "a"]),
+    "export: external data named as the artifact's manifest": lambda c: (
+        ["export", _onnx_source(c, "ext-manifest", external="bertopt.json"), "--out", c.tmp / "a"],
+        "keeps external data in 'bertopt.json', a name the artifact uses for its own files", [c.tmp / "a"]),
+    "export: external data named as the artifact's tokenizer": lambda c: (
+        ["export", _onnx_source(c, "ext-tok", external="tokenizer/tokenizer.json"), "--out", c.tmp / "a"],
+        "keeps external data in 'tokenizer/tokenizer.json', a name the artifact uses", [c.tmp / "a"]),
+    "export: an ONNX file over 2 GiB (refused by its size, not read)": lambda c: (
+        ["export", _sparse(c, "huge.onnx", (2 << 30) + 1), "--tokenizer", c.tiny_hf, "--out", c.tmp / "a"],
+        "is 2.0 GiB, larger than an ONNX file can be (2 GiB", [c.tmp / "a"]),
+    "validate --data a 300 MB text file (not read whole)": lambda c: (
+        ["validate", c.tiny, "--data", _sparse(c, "big.txt", 300 << 20), "--no-latency"],
+        "big.txt is larger than 256 MiB, too large for a data file; take a sample", []),
+    "validate --data a text file of over a million lines": lambda c: (
+        ["validate", c.tiny, "--data", c.write("lines.txt", "a\n" * 1_000_001), "--no-latency"],
+        "has more than 1,000,000 lines; take a sample", []),
+    "quantize --calibration-data a Parquet file of two million rows from a few KB": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", _parquet_bomb(c), "--out", c.tmp / "q"],
+        "holds 2,000,000 rows", [c.tmp / "q"]),
+    "validate --data JSONL nested 200,000 deep": lambda c: (
+        ["validate", c.tiny, "--data", c.write("deep.jsonl", "[" * 200_000 + "\n"), "--no-latency"],
+        "deep.jsonl: line 1 nests lists or objects more than 32 levels deep", []),
+    "validate an artifact whose graph asks 4 TB as it runs": lambda c: (
+        ["validate", _allocation_bomb(c), "--no-latency"],
+        "failed to run in ONNX Runtime: Failed to allocate memory for requested buffer of size 4000000000000", []),
+    "bench --runtime openvino on an artifact whose graph asks 4 TB as it runs": lambda c: (
+        ["bench", _allocation_bomb(c), "--runtime", "openvino", "--rounds", "1"], "OpenVINO cannot load", []),
+    "validate --threads 100000 (ONNX Runtime crashed making them)": lambda c: (
+        ["validate", c.tiny, "--threads", "100000", "--no-latency"], "100000", []),
+    "validate --batch-size 10^8 (a batch of that many rows was allocated)": lambda c: (
+        ["validate", c.tiny, "--batch-size", "100000000", "--no-latency"], "100000000", []),
+    "validate --batch-sizes 999999999": lambda c: (
+        ["validate", c.tiny, "--batch-sizes", "999999999", "--seq-lens", "16"], "values must be at most 4,096", []),
+    "bench --texts 10^11": lambda c: (["bench", c.tiny, "--texts", "99999999999"], "99999999999", []),
+    "serve: a fleet file asking 100000 threads for a model": lambda c: (
+        ["serve", "--models", _fleet_file(c, "threads: 100000")], "'threads' must be a whole number from 1 to 1024",
+        []),
+    "serve: a fleet file asking 100000 workers": lambda c: (
+        ["serve", "--models", _fleet_file(c, "workers: 100000")], "'workers' must be a whole number from 1 to 256",
+        []),
 }
 
 

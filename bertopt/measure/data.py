@@ -17,12 +17,19 @@ from typing import Any
 
 from bertopt.data import corpus
 from bertopt.errors import UserError, require
+from bertopt.untrusted import json_depth
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 CSV_SUFFIXES = (".csv", ".tsv")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 KNOWN = ", ".join(TEXT_SUFFIXES + JSONL_SUFFIXES + CSV_SUFFIXES + PARQUET_SUFFIXES)
+# a validation or calibration set is thousands of texts; these bound what a data file may make this process hold
+# (a 3 GB file was read whole, a 113 KB Parquet file unpacked to 30 million rows of Python dicts)
+MAX_DATA_BYTES = 256 << 20
+MAX_DATA_ROWS = 1_000_000
+MAX_DATA_ROW_DEPTH = 32  # a JSONL row is an object of strings and numbers: nested a level or two
+_SAMPLE = "take a sample of it (e.g. head -n 100000)"
 
 
 @dataclass
@@ -81,7 +88,7 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
     elif suffix in CSV_SUFFIXES:
         rows = _read_csv(file, delimiter="\t" if suffix == ".tsv" else ",")
     elif suffix in PARQUET_SUFFIXES:
-        rows = _read_parquet(file)
+        rows = _read_parquet(file, [c for c in (text_column, text_pair_column, label_column) if c])
     else:
         raise UserError(f"{file}: unknown data file type '{suffix or '(none)'}'; use one of {KNOWN} "
                         "(a .txt file has one input a line)")
@@ -118,7 +125,11 @@ def _require_real_text(file: Path, texts: list[str]) -> None:
 
 
 def _read_text(file: Path) -> str:
-    data = file.read_bytes()
+    from bertopt.untrusted import read_user_file
+
+    data = read_user_file(file, max_bytes=MAX_DATA_BYTES, what="data file", fix=_SAMPLE, decode=False)
+    if data.count(b"\n") > MAX_DATA_ROWS:  # counted before a str is made per line
+        raise UserError(f"{file} has more than {MAX_DATA_ROWS:,} lines; {_SAMPLE}")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -131,6 +142,9 @@ def _read_jsonl(file: Path) -> list[dict[str, Any]]:
     for number, line in enumerate(_read_text(file).splitlines(), 1):
         if not line.strip():
             continue
+        if json_depth(line.encode("utf-8", "surrogatepass"), MAX_DATA_ROW_DEPTH) > MAX_DATA_ROW_DEPTH:
+            raise UserError(f"{file}: line {number} nests lists or objects more than {MAX_DATA_ROW_DEPTH} levels "
+                            "deep; write one flat JSON object a line like {\"text\": \"...\"}")
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -156,10 +170,22 @@ def _read_csv(file: Path, delimiter: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_parquet(file: Path) -> list[dict[str, Any]]:
+def _read_parquet(file: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``columns`` (those of them the file has), bounded by the file's own metadata before anything
+    is unpacked: Parquet compresses repeated values to nearly nothing."""
     pq = require("pyarrow.parquet", "report", "Parquet data files")
+    if file.stat().st_size > MAX_DATA_BYTES:
+        raise UserError(f"{file} is larger than {MAX_DATA_BYTES >> 20} MiB, too large for a data file; {_SAMPLE}")
     try:
-        table = pq.read_table(str(file))
+        meta = pq.ParquetFile(str(file)).metadata
+        unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if meta.num_rows > MAX_DATA_ROWS or unpacked > MAX_DATA_BYTES:
+            raise UserError(f"{file} holds {meta.num_rows:,} rows ({unpacked >> 20} MiB unpacked), more than "
+                            f"{MAX_DATA_ROWS:,} rows or {MAX_DATA_BYTES >> 20} MiB; {_SAMPLE}")
+        names = set(meta.schema.to_arrow_schema().names)
+        table = pq.read_table(str(file), columns=[c for c in columns if c in names] or None)
+    except UserError:
+        raise
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for damaged files
         raise UserError(f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
                         "re-write it or use JSONL/CSV") from None

@@ -13,6 +13,9 @@ _ROLE_BY_NAME = {"input_ids": "input_ids", "attention_mask": "attention_mask", "
                  "token_type_ids": "token_type_ids", "segment_ids": "token_type_ids"}
 
 
+MAX_ONNX_FILE_BYTES = 2 << 30
+
+
 def load_onnx(path: Path):
     """The model with its weights (external data files next to it are read too), or a one-line UserError."""
     import onnx
@@ -21,6 +24,13 @@ def load_onnx(path: Path):
     from bertopt.artifact import onnx_external_data_files
 
     path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # what cannot be stat'ed is reported by the reader below
+    if size > MAX_ONNX_FILE_BYTES:  # refused before it is read (and scanned) whole
+        raise UserError(f"{path} is {size / (1 << 30):.1f} GiB, larger than an ONNX file can be (2 GiB, protobuf's "
+                        "limit); a larger model keeps its weights in external data files: re-export it so")
     missing = [f for f in onnx_external_data_files(path) if not (path.parent / f).exists()]
     if missing:
         raise UserError(f"{path} keeps its weights in external data file {missing[0]}, which is not next to it; "
@@ -106,11 +116,18 @@ def copy_onnx(src: Path, dest: Path) -> None:
     absolute or climbs out of the folder is a UserError, so nothing outside is copied into an artifact)."""
     import shutil
 
-    from bertopt.artifact import onnx_external_data_files
+    from bertopt.artifact import MANIFEST_NAME, onnx_external_data_files
 
     src, dest = Path(src), Path(dest)
+    names = onnx_external_data_files(src)
+    for name in names:
+        # the artifact's own files (its manifest, model file, tokenizer) are written under fixed names: external
+        # data under one of them overwrote it (an artifact written with exit 0 that no command could load)
+        if name in (MANIFEST_NAME, dest.name) or name.split("/")[0] == "tokenizer" or (dest.parent / name).exists():
+            raise UserError(f"{src} keeps external data in '{name}', a name the artifact uses for its own files; "
+                            "save the model's external data under another name (e.g. model.onnx.data)")
     shutil.copy2(src, dest)
-    for name in onnx_external_data_files(src):
+    for name in names:
         target = dest.parent / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src.parent / name, target)
@@ -144,6 +161,11 @@ def _dims(value_info) -> list:
 
 
 _DTYPES = {1: "float32", 6: "int32", 7: "int64", 10: "float16", 16: "bfloat16"}
+_ID_DTYPES = {7: "int64", 6: "int32"}
+_DTYPE_NAMES = {**_DTYPES, 8: "strings", 9: "booleans", 11: "float64"}
+# an output's width: a vocabulary (masked-LM logits: up to 250k for multilingual models) at the most; a declared
+# width of a billion was a billion-entry label map built from a 176-byte file
+MAX_OUTPUT_WIDTH = 1 << 20
 
 
 # output names other exporters use (Optimum, sentence-transformers' ONNX export, bertopt) -> kind when pooled
@@ -167,16 +189,32 @@ def describe_io(model, vocab_size: int | None = None) -> tuple[list[dict], list[
         if role is None:
             raise UserError(f"ONNX input '{vi.name}' is not an encoder input (expected input_ids, attention_mask, "
                             "token_type_ids); re-export the model with those inputs")
-        inputs.append({"name": vi.name, "role": role, "dtype": _DTYPES.get(vi.type.tensor_type.elem_type, "int64"),
-                       "shape": ["batch", "sequence"]})
+        elem = vi.type.tensor_type.elem_type
+        if elem not in _ID_DTYPES:  # the Predictor feeds int64 (int32) ids and masks: anything else fails later
+            raise UserError(f"ONNX input '{vi.name}' holds {_DTYPE_NAMES.get(elem, f'element type {elem}')}, not "
+                            "int64 or int32 token ids / masks; re-export the model with integer inputs")
+        dims = _dims(vi) if vi.type.tensor_type.HasField("shape") else None
+        if dims is not None and len(dims) != 2:
+            raise UserError(f"ONNX input '{vi.name}' has {len(dims)} dimensions, not 2 (batch x sequence); "
+                            "re-export the model with batch x sequence inputs")
+        inputs.append({"name": vi.name, "role": role, "dtype": _ID_DTYPES[elem], "shape": ["batch", "sequence"]})
     if not any(i["role"] == "input_ids" for i in inputs):
         raise UserError("the ONNX model has no input_ids input; re-export it with input_ids and attention_mask")
+    if not model.graph.output:
+        raise UserError("the ONNX graph has no outputs; re-export the model with its outputs (last_hidden_state, "
+                        "sentence_embedding or logits)")
     outputs = []
     hidden = None
     task = "embedding"
     for vi in model.graph.output:
         dims = _dims(vi)
-        last = dims[-1] if dims and isinstance(dims[-1], int) else "?"
+        if dims and len(dims) not in (2, 3):  # no dims: the exporter wrote no shape
+            raise UserError(f"ONNX output '{vi.name}' has {len(dims)} dimensions; an encoder's outputs are batch x "
+                            "width or batch x sequence x width; re-export the model with such outputs")
+        last = dims[-1] if dims and isinstance(dims[-1], int) else "?"  # a width torch.onnx left symbolic
+        if last != "?" and not 1 <= last <= MAX_OUTPUT_WIDTH:
+            raise UserError(f"ONNX output '{vi.name}' declares its last dimension as {last:,}, not a width from 1 to "
+                            f"{MAX_OUTPUT_WIDTH:,} (hidden size, labels or vocabulary); re-export the model")
         if vi.name == "logits" or "logit" in vi.name:
             if len(dims) == 3:
                 if vocab_size and last == vocab_size:

@@ -17,10 +17,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from bertopt.errors import UserError, require_onnxruntime
+from bertopt.errors import ModelRunError, UserError, is_runtime_error, require_onnxruntime
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.output_paths import cache_root, one_at_a_time
-from bertopt.params import GPU_PARAMS, PROVIDERS, resolve_config
+from bertopt.params import GPU_PARAMS, MAX_THREADS, PROVIDERS, resolve_config
 from bertopt.plugins import Registry, import_all
 
 
@@ -90,10 +90,10 @@ def default_threads() -> int:
     the cores this process may use (its affinity mask: taskset / container limits)."""
     raw = os.environ.get(THREADS_ENV, "").strip()
     if raw:
-        count = int(raw) if raw.isdigit() else 0
-        if count < 1:
-            raise UserError(f"{THREADS_ENV}={raw!r} is not a thread count; set a whole number of 1 or more (the "
-                            "threads each bertopt process uses by default), or unset it to use every core")
+        count = int(raw) if raw.isdigit() and len(raw) < 8 else 0
+        if not 1 <= count <= MAX_THREADS:
+            raise UserError(f"{THREADS_ENV}={raw!r} is not a thread count; set a whole number from 1 to {MAX_THREADS} "
+                            "(the threads each bertopt process uses by default), or unset it to use every core")
         return count
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -354,7 +354,7 @@ class OrtSession:
         # than it saves, and it makes co-located workers (server, Spark) fight.
         spinning = "1" if runtime_options.get("allow_spinning") else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # fatal only: its errors reach the user as our one line (ModelRunError)
         cache = None
         if "TensorrtExecutionProvider" in wanted and gpu.engine_cache_dir(model) is not None:
             cache = prepare_engine_cache(gpu.engine_cache_dir(model))
@@ -380,6 +380,7 @@ class OrtSession:
         # I/O binding only where outputs live on a GPU; on the CPU, run() is already zero-copy
         self.io_binding = got[0] in _GPU_PROVIDERS
         self.threads = options.intra_op_num_threads
+        self.shown_as = model.shown_as
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         model.check_graph_io(self.input_names, self.output_names)
@@ -388,7 +389,12 @@ class OrtSession:
         if self.io_binding:
             return run_bound(self._session, self._ort, output_names or self.output_names, feeds, "cuda",
                              self.device_id or 0)
-        return self._session.run(output_names, feeds)
+        try:
+            return self._session.run(output_names, feeds)
+        except Exception as exc:
+            if is_runtime_error(exc):
+                raise ModelRunError.of(str(self.shown_as), "ONNX Runtime", exc) from None
+            raise
 
 
 register_backend("onnxruntime")(OrtSession)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bertopt.errors import UserError, require
+from bertopt.errors import ModelRunError, UserError, is_runtime_error, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
 from bertopt.params import STATIC_FULL_BATCH
@@ -182,8 +182,15 @@ def _holds_onnxruntime_ops(path: str) -> bool:
     return bool(ort_contrib_ops(model))
 
 
+def openvino_reason(exc: BaseException | str) -> str:
+    """OpenVINO's reason without the "Exception from src/...cpp:NN:" lines it stacks before it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    told = [line for line in lines if not (line.startswith("Exception from ") and line.endswith(":"))]
+    return " ".join(told)[-300:] or (lines[0] if lines else type(exc).__name__)
+
+
 def _cannot_open(verb: str, path: str, exc: RuntimeError) -> UserError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = openvino_reason(exc)
     if _holds_onnxruntime_ops(path):
         fix = "OpenVINO reads plain ONNX (compile the exported or pruned artifact, not the ONNX Runtime-optimised one)"
     else:
@@ -212,8 +219,9 @@ class Executable:
     """One compiled model and its idle infer requests (an infer request is not thread-safe: each run takes an idle
     one, one per run in flight, whichever thread runs it: the Predictor's helper threads come and go)."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, shown_as: str = "the model"):
         self.compiled = compiled
+        self.shown_as = shown_as  # how an error names the model
         self.outputs: dict[str, Any] = {}
         for port in compiled.outputs:
             for name in port.get_names():
@@ -227,7 +235,12 @@ class Executable:
         if request is None:
             request = self.compiled.create_infer_request()
         try:
-            results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
+            try:
+                results = request.infer({name: np.ascontiguousarray(arr) for name, arr in feeds.items()})
+            except Exception as exc:
+                if is_runtime_error(exc):  # OpenVINO's first lines name its source files: the reason is last
+                    raise ModelRunError.of(self.shown_as, "OpenVINO", openvino_reason(exc)) from None
+                raise
             return [np.array(results[self.outputs[n]], copy=True) for n in output_names]
         finally:
             local.last = request
@@ -260,7 +273,7 @@ class FixedShapes:
             found = self.compiled.get(shape)
             if found is None:
                 try:
-                    found = Executable(compile_for_shape(self._core, self.path, self._config, shape))
+                    found = Executable(compile_for_shape(self._core, self.path, self._config, shape), self.path)
                 except RuntimeError as exc:
                     # OpenVINO's first lines name its source files; the reason comes after them
                     self.failed[shape] = " ".join(str(exc).split())[-300:] or type(exc).__name__
@@ -420,7 +433,7 @@ class OpenVinoSession:
         precision = self._compiled.get_property("INFERENCE_PRECISION_HINT")
         self.inference_precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
         self.input_names = [p.get_any_name() for p in self._compiled.inputs]
-        self.dynamic = Executable(self._compiled)  # the model as read: every shape
+        self.dynamic = Executable(self._compiled, str(model.shown_as))  # the model as read: every shape
         self._outputs = self.dynamic.outputs
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
         model.check_graph_io([p.get_names() for p in self._compiled.inputs], self._outputs)

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
+from bertopt.params import MAX_THREADS
+from bertopt.serve.params import MAX_WORKERS
 from bertopt.untrusted import load_yaml_bounded, read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -58,8 +60,9 @@ def spec_from_arg(arg: str) -> ModelSpec:
 def _count(value: Any, key: str, where: str) -> int | None:
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"{where}: '{key}' must be a whole number of at least 1, got {value!r}")
+    most = MAX_WORKERS if key == "workers" else MAX_THREADS
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+        raise UserError(f"{where}: '{key}' must be a whole number from 1 to {most}, got {value!r:.40}")
     return value
 
 

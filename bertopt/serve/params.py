@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import LONG_INPUTS, MAX_SEQ_LEN, PROVIDER, ConfigFields, Param
+from bertopt.params import LONG_INPUTS, MAX_BATCH_SIZE, MAX_SEQ_LEN, MAX_THREADS, PROVIDER, ConfigFields, Param
+
+MAX_WORKERS = 256  # worker processes of one model: each holds a copy of the model
 
 
 def _not_blank(value: str) -> str | None:
@@ -45,8 +47,8 @@ SERVE_CONFIG_PARAMS = [
     PORT,
     PORT_OUT,
     Param("num_worker", int, 1, "Worker processes, each with one runtime session; on CPU the cores are split "
-          "between them.", min=1, aliases=("-n",)),
-    Param("max_batch_size", int, 256, "Most texts in one mini-job.", min=1),
+          "between them.", min=1, max=MAX_WORKERS, aliases=("-n",)),
+    Param("max_batch_size", int, 256, "Most texts in one mini-job.", min=1, max=MAX_BATCH_SIZE),
     Param("max_batch_tokens", int, 16384, "Most tokens in one mini-job: requests are cut into, and packed into, "
           "mini-jobs of at most this many tokens (ZeroMQ and HTTP alike).", min=1),
     Param("http_port", int, None, "Also serve HTTP on this port: OpenAI /v1/embeddings and TEI /embed, /predict, "
@@ -90,7 +92,8 @@ SERVE_CONFIG_PARAMS = [
     Param("bind", str, "127.0.0.1", "Address to listen on; 0.0.0.0 exposes the server to the network (consider "
           "--curve-keys)."),
     PROVIDER,
-    Param("threads_per_worker", int, None, "Threads per worker (default: cores // workers, at least 1).", min=1),
+    Param("threads_per_worker", int, None, "Threads per worker (default: cores // workers, at least 1).", min=1,
+          max=MAX_THREADS),
     MAX_REQUEST_BYTES_PARAM.with_(default=64 << 20, min=1024, help="Larger requests get an error reply asking to "
                                   "split them (HTTP: 413, from Content-Length before the body is read)."),
     Param("worker_stall_timeout", float, 300.0, "Seconds a worker may spend on one mini-job before it is taken "

@@ -20,6 +20,7 @@ from bertopt.tasks import TASKS
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
 NAME = "export"
+MAX_IMPORTED_LABELS = 65_536  # labels an imported classifier may declare without a config naming them
 HELP = "Convert a model (Hugging Face folder, ONNX file, TF graph artifact) into a bertopt artifact."
 
 
@@ -194,7 +195,13 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
             detected = read_model_info(cfg_dir, task="embedding")  # the config names a base model only
         detected.update({k: v for k, v in info.items() if k in ("task", "primary_output")})
         if info["task"] in ("classification", "rerank", "token-classification") and "num_labels" not in detected:
-            labels = int(next(o for o in outputs if o["name"] == info["primary_output"])["shape"][-1])
+            labels = next(o for o in outputs if o["name"] == info["primary_output"])["shape"][-1]
+            if not isinstance(labels, int):
+                raise UserError(f"{source.path}: the {info['task']} output '{info['primary_output']}' does not declare "
+                                "how many labels it has; put num_labels (and id2label) in the config.json beside it")
+            if labels > MAX_IMPORTED_LABELS:  # each named in the manifest (id2label)
+                raise UserError(f"{source.path}: the {info['task']} output declares {labels:,} labels, more than "
+                                f"{MAX_IMPORTED_LABELS:,}; put num_labels and id2label in the config.json beside it")
             detected.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
                             pair_input=info["task"] == "rerank")
         detected["hidden_size"] = detected.get("hidden_size") or info["hidden_size"]

@@ -30,11 +30,17 @@ PARAMS = [
 def transformer_fusions(model, family, heads: int, hidden: int, opt_level: int):
     """ONNX Runtime's BERT optimizer on ``model`` (a path or a ModelProto) with ``family``'s fusion model type, then
     the family's own attention fusion where it declares one -> (fused ModelProto, {fused op: count})."""
-    from bertopt.errors import require_onnxruntime
+    from bertopt.errors import ModelRunError, is_runtime_error, require_onnxruntime
 
     optimize_model = require_onnxruntime("the optimize stage", "onnxruntime.transformers.optimizer").optimize_model
-    optimized = optimize_model(model, model_type=family.fusion_model_type, num_heads=heads, hidden_size=hidden,
-                               opt_level=opt_level, use_gpu=False, only_onnxruntime=False)
+    try:
+        optimized = optimize_model(model, model_type=family.fusion_model_type, num_heads=heads, hidden_size=hidden,
+                                   opt_level=opt_level, use_gpu=False, only_onnxruntime=False)
+    except Exception as exc:  # ONNX Runtime opens the graph to optimise it: an operator it lacks, a 40 GB tensor
+        if is_runtime_error(exc):
+            raise ModelRunError.of(str(model) if not hasattr(model, "graph") else "the model", "ONNX Runtime's "
+                                   "optimizer", exc) from None
+        raise
     fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
     if family.attention_fusion:
         from bertopt.onnx_graph.fusions import apply_fusion

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from bertopt.measure.targets import targets_problem
-from bertopt.params import BATCH_SIZE, DEVICE_ID, PROVIDER, THREADS, Param
+from bertopt.params import BATCH_SIZE, DEVICE_ID, MAX_BATCH_SIZE, PROVIDER, THREADS, Param
 
 
-def whole_numbers(values) -> str | None:
-    """A ``Param`` check for the latency grid (batch sizes, sequence lengths): whole numbers, each at least 1, so a
-    recipe's ``validate:`` is refused before its first stage runs, not after its last."""
+def whole_numbers(values, most: int = 1 << 16) -> str | None:
+    """A ``Param`` check for the latency grid (batch sizes, sequence lengths): whole numbers from 1 to ``most``, so
+    a recipe's ``validate:`` is refused before its first stage runs, not after its last."""
     if not values:
         return "is empty; give at least one value like 1,32"
     for v in values:
@@ -20,7 +20,13 @@ def whole_numbers(values) -> str | None:
             return f"takes whole numbers like 1,32; got {v!r}"
         if n < 1:
             return f"values must be at least 1, got {n}"
+        if n > most:
+            return f"values must be at most {most:,}, got {n:,}"
     return None
+
+
+def _batch_sizes(values) -> str | None:
+    return whole_numbers(values, MAX_BATCH_SIZE)
 
 
 def _quantile(value) -> str | None:
@@ -45,7 +51,7 @@ VALIDATE_PARAMS = [
           "targets: defaults for the primary output's kind (embeddings: cos_min>=0.99, "
           "neighbour_agreement_at_10>=0.9; logits: top1_agreement>=0.99, cos_min>=0.99).",
           check=targets_problem),
-    Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes.", check=whole_numbers),
+    Param("batch_sizes", list, ["1", "32"], "Latency grid: batch sizes.", check=_batch_sizes),
     Param("seq_lens", list, ["16", "128"], "Latency grid: sequence lengths (padded).", check=whole_numbers),
     Param("warmup", int, 2, "Latency: warm-up runs per grid point.", min=0),
     Param("repeats", int, 10, "Latency: timed runs per grid point.", min=1),
