@@ -239,6 +239,7 @@ PROVIDER = Param("provider", str, "auto", "Execution provider (auto: CUDA when t
 # rows was allocated whole for a hundred texts
 MAX_THREADS = 1024
 MAX_BATCH_SIZE = 4096
+MAX_WORKERS = 256  # serve: worker processes of one model, each holding a copy of it
 THREADS = Param("threads", int, None, "CPU threads per model session (default: every core this process may use).",
                 min=1, max=MAX_THREADS)
 BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError
-from bertopt.params import MAX_THREADS
-from bertopt.serve.params import MAX_WORKERS
+from bertopt.params import MAX_THREADS, MAX_WORKERS
 from bertopt.untrusted import load_yaml_bounded, read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")

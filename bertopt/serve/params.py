@@ -4,9 +4,16 @@
 from __future__ import annotations
 
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_REQUEST_CHARS_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import LONG_INPUTS, MAX_BATCH_SIZE, MAX_SEQ_LEN, MAX_THREADS, PROVIDER, ConfigFields, Param
-
-MAX_WORKERS = 256  # worker processes of one model: each holds a copy of the model
+from bertopt.params import (
+    LONG_INPUTS,
+    MAX_BATCH_SIZE,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_WORKERS,
+    PROVIDER,
+    ConfigFields,
+    Param,
+)
 
 
 def _not_blank(value: str) -> str | None:
