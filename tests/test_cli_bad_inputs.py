@@ -739,6 +739,12 @@ CASES = {
     "validate --data JSONL nested 200,000 deep": lambda c: (
         ["validate", c.tiny, "--data", c.write("deep.jsonl", "[" * 200_000 + "\n"), "--no-latency"],
         "deep.jsonl: line 1 nests lists or objects more than 32 levels deep", []),
+    "export --tokenizer with a Hugging Face folder (it was ignored)": lambda c: (
+        ["export", c.tiny_hf, "--tokenizer", c.tiny_hf, "--out", c.tmp / "a"],
+        "--tokenizer is for an ONNX file input; a hf model brings its own tokenizer", [c.tmp / "a"]),
+    "validate --targets cos_min>=2 (ran the whole gate to fail it)": lambda c: (
+        ["validate", c.tiny, "--targets", "cos_min>=2", "--report-dir", c.tmp / "r"],
+        "target 'cos_min>=2' can never hold: cos_min is at most 1", [c.tmp / "r"]),
     "validate an artifact whose graph asks 4 TB as it runs": lambda c: (
         ["validate", _allocation_bomb(c), "--no-latency"],
         "failed to run in ONNX Runtime: Failed to allocate memory for requested buffer of size 4000000000000", []),

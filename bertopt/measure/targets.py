@@ -73,8 +73,31 @@ def parse_targets(text: str | None) -> list[Target]:
             number = float(value)
         except ValueError:
             raise UserError(f"target '{part}': {value!r} is not a number") from None
-        targets.append(Target(metric, default_op(metric) if op == "=" else op, number))
+        target = Target(metric, default_op(metric) if op == "=" else op, number)
+        never = _never_holds(target)
+        if never:
+            raise UserError(f"target '{part}' can never hold: {never}; give a bound the metric can meet")
+        targets.append(target)
     return targets
+
+
+# metrics that are fractions or cosines (at most 1), and errors, counts and times (never below 0): a target past
+# those ends runs the whole gate to fail it
+AT_MOST_ONE = ("cos_", "agreement", "pass_fraction", "accuracy", "f1", "ndcg", "spearman", "overlap")
+NEVER_NEGATIVE = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency_p", "batch_dev", "prob_diff")
+
+
+def _never_holds(target: Target) -> str | None:
+    base = target.metric.split("@")[0]
+    if target.value != target.value:
+        return "it is not a number"
+    if "degradation" in base or base.startswith("reference_"):
+        return None
+    if target.op == ">=" and target.value > 1 and any(p in base for p in AT_MOST_ONE):
+        return f"{base} is at most 1"
+    if target.op == "<=" and target.value < 0 and any(p in base for p in NEVER_NEGATIVE):
+        return f"{base} is never below 0"
+    return None
 
 
 def targets_problem(value: str) -> str | None:

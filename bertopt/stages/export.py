@@ -58,6 +58,9 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
     # ONNX exports live here; the TensorFlow ones are registered by bertopt.tf as "<kind>-><target>"
     exporter = {("hf", "onnx"): export_hf_to_onnx, ("onnx", "onnx"): import_onnx}.get((kind, config["to"])) \
         or format_handler(NAME, f"{kind}->{config['to']}")
+    if config.get("tokenizer") and kind != "onnx":  # was ignored: the artifact got the model's own tokenizer
+        raise UserError(f"--tokenizer is for an ONNX file input; a {kind} model brings its own tokenizer (the one "
+                        "it was trained with): drop --tokenizer")
     if exporter is None:
         hint = ""
         if kind in ("tf-savedmodel", "keras", "tf-checkpoint") and not isinstance(input, Artifact):
