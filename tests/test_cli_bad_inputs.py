@@ -739,6 +739,9 @@ CASES = {
     "validate --data JSONL nested 200,000 deep": lambda c: (
         ["validate", c.tiny, "--data", c.write("deep.jsonl", "[" * 200_000 + "\n"), "--no-latency"],
         "deep.jsonl: line 1 nests lists or objects more than 32 levels deep", []),
+    "quantize --exclude-nodes naming no node of the graph (it was ignored)": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-dynamic", "--exclude-nodes", "MatMul_typo", "--out", c.tmp / "q"],
+        "--exclude-nodes: no node named 'MatMul_typo' in", [c.tmp / "q"]),
     "export --tokenizer with a Hugging Face folder (it was ignored)": lambda c: (
         ["export", c.tiny_hf, "--tokenizer", c.tiny_hf, "--out", c.tmp / "a"],
         "--tokenizer is for an ONNX file input; a hf model brings its own tokenizer", [c.tmp / "a"]),

@@ -254,7 +254,7 @@ def test_exclude_nodes_are_kept_float_and_the_report_says_so(tiny_onnx, tmp_path
     ({"weight_rounding": "gptq"}, "--weight-rounding gptq applies to .* not to --mode int8-static --runtime openvino"),
     ({"calibration_method": "entropy"}, "--calibration-method entropy applies to --mode int8-static only"),
     ({"op_types": ["MatMul"]}, "--op-types does not apply"),
-    ({"exclude_nodes": ["no-such-node"]}, "'no-such-node', which is not a MatMul"),
+    ({"exclude_nodes": ["no-such-node"]}, "--exclude-nodes: no node named 'no-such-node'"),
     ({"accuracy_target": "max_abs<=0.1"}, "takes cos_min=VALUE only"),
 ])
 def test_options_it_cannot_honour_are_refused(tiny_onnx, tmp_path, config, message):

@@ -78,4 +78,19 @@ def run(input, config: dict[str, Any], out_dir: Path, overwrite: bool = False):
         if config["mode"] != "fp16":
             raise UserError("TensorFlow graphs support --mode fp16; export to ONNX first for int8")
         return format_handler(NAME, art.model_format)(art, config, out_dir, overwrite)
+    if config.get("exclude_nodes") and art.model_format == "onnx":
+        _check_node_names(art.model_path, config["exclude_nodes"])
     return PARAMS.method(config).run(art, config, out_dir, overwrite)
+
+
+def _check_node_names(model_file, names) -> None:
+    """--exclude-nodes names nodes of the input graph: one that is not there (a typo, another export's name) was
+    ignored, and what the user meant to keep in float was quantised."""
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    known = {node.name for node in graph.node}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise UserError(f"--exclude-nodes: no node named {missing[0]!r} in {model_file} ({len(known)} nodes; "
+                        "'bertopt inspect' lists them by type); give node names of this artifact's graph")
