@@ -241,8 +241,8 @@ def test_models_file_sets_each_models_workers_and_threads(arts, start_server, tm
     (["--models", "{y}"], "models: [a, b]", "expected a 'models:' mapping of name -> artifact"),
     (["--models", "{y}"], "models:\n  a: {{artifact: {e}, gpus: 2}}", "model 'a': unknown key(s) gpus; use "
      "artifact, workers, threads"),
-    (["--models", "{y}"], "models:\n  a: {{artifact: {e}, workers: 0}}", "'workers' must be a whole number of at "
-     "least 1, got 0"),
+    (["--models", "{y}"], "models:\n  a: {{artifact: {e}, workers: 0}}", "'workers' must be a whole number from 1 "
+     "to 256, got 0"),
     (["--models", "{y}"], "models: {{a: [", "not valid YAML"),
     (["--models", "{y}", "embed={e}"], "models:\n  embed: {r}", "two models are named 'embed'"),
     # billion laughs: 10^8 values from 1 KB (safe_load built them for minutes); refused before building
