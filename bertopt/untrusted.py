@@ -88,14 +88,16 @@ def read_user_file(path: str | os.PathLike, *, max_bytes: int, what: str, fix: s
         raise UserError(f"{path} is a folder, not a {what}; {fix}") from None
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror or type(exc).__name__}; {fix}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
         os.close(fd)
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(info.st_mode):
             raise UserError(f"{path} is a folder, not a {what}; {fix}")
+        if stat.S_ISREG(info.st_mode):  # refused by its size, before a byte is read
+            raise UserError(f"{path} is larger than {_size(max_bytes)}, too large for a {what}; {fix}")
         raise UserError(f"{path} is not a regular file (a FIFO, socket or device), not a {what}; {fix}")
     with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(max_bytes + 1)
+        raw = fh.read(max_bytes + 1)  # a file that grows (or lies about its size, as /proc files do) stops here
     if len(raw) > max_bytes:
         raise UserError(f"{path} is larger than {_size(max_bytes)}, too large for a {what}; {fix}")
     if not decode:
