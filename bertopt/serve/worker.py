@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from bertopt.errors import UserError
+from bertopt.errors import ModelRunError, UserError
 from bertopt.protocol import DONE, ERROR, FAIL, JOB, LANE_PRIORITY, READY, RESULT, STOP, message_bytes, num
 from bertopt.serve.batching import KIND_PREDICT
 from bertopt.serve.task_replies import TASK_RESULT, TaskRequestError, predict_payload
@@ -135,6 +135,8 @@ class LaneRunner:
             try:
                 payload = predict_payload(self.predictor, chunk)
             except (TaskRequestError, UserError) as exc:  # the request asks for what the model cannot do
+                if isinstance(exc, ModelRunError):  # or the model failed in its runtime: the operator's to see
+                    log.error("worker %d: predict failed: %s", self.cfg["index"], exc)
                 sink.send_multipart([ERROR, identity, request_id, message_bytes(str(exc))])
                 continue
             except Exception as exc:  # the request gets an error reply instead of silence
