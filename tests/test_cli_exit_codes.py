@@ -198,12 +198,13 @@ TURNED_INTO_AN_ERROR = """try:
         raise RuntimeError("trying to pop from empty mode stack") from exc"""
 
 
-@pytest.mark.parametrize("library", [IN_CODE_RUN_FROM_A_STRING, TURNED_INTO_AN_ERROR],
-                         ids=["in-code-run-from-a-string", "turned-into-an-error"])
-def test_an_interrupt_a_library_handled_its_own_way_still_exits_130_under_python_m(tiny_onnx, tmp_path, library):
+def _validate_with_site(tiny_onnx, tmp_path, site_files: dict[str, str]):
+    """``python -m bertopt.cli validate`` (as a user starts it) with ``site_files`` on its path (a sitecustomize
+    that plays a library's part), in an empty working folder -> (process, site folder, working folder)."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(INTERRUPT_IN_LIBRARY.format(body=library))
+    for name, text in site_files.items():
+        (site / name).write_text(text)
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": os.pathsep.join(
@@ -211,6 +212,14 @@ def test_an_interrupt_a_library_handled_its_own_way_still_exits_130_under_python
     proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(tiny_onnx.path), "--report-dir",
                            str(work / "r"), "--seq-lens", "16"], cwd=work, env=env, capture_output=True, text=True,
                           timeout=300)
+    return proc, site, work
+
+
+@pytest.mark.parametrize("library", [IN_CODE_RUN_FROM_A_STRING, TURNED_INTO_AN_ERROR],
+                         ids=["in-code-run-from-a-string", "turned-into-an-error"])
+def test_an_interrupt_a_library_handled_its_own_way_still_exits_130_under_python_m(tiny_onnx, tmp_path, library):
+    proc, _, work = _validate_with_site(tiny_onnx, tmp_path, {"sitecustomize.py": INTERRUPT_IN_LIBRARY.format(
+        body=library)})
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert lines(proc.stderr)[-1] == "interrupted" and "gate PASSED" not in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -229,17 +238,9 @@ pathlib.Path(__file__).with_name("imported-whole").write_text("yes")
 
 
 def test_an_interrupt_during_an_import_lets_it_finish_then_exits_130(tiny_onnx, tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "interrupting_module.py").write_text(INTERRUPTING_MODULE)
-    (site / "sitecustomize.py").write_text(INTERRUPT_IN_LIBRARY.format(body="import interrupting_module"))
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": os.pathsep.join(
-        [str(site), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(tiny_onnx.path), "--report-dir",
-                           str(work / "r"), "--seq-lens", "16"], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc, site, work = _validate_with_site(tiny_onnx, tmp_path, {
+        "interrupting_module.py": INTERRUPTING_MODULE,
+        "sitecustomize.py": INTERRUPT_IN_LIBRARY.format(body="import interrupting_module")})
     assert (site / "imported-whole").is_file()  # the module's body ran to its end: no exception inside it
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert lines(proc.stderr)[-1] == "interrupted" and "Traceback" not in proc.stderr
