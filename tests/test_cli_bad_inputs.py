@@ -172,13 +172,14 @@ def _report_folder(c: Ctx) -> Path:
 
 
 def _onnx_source(c: Ctx, name: str, outputs=(("sentence_embedding", ["batch", 32]),), input_type: int = 7,
-                 external: str | None = None, config: bool = True) -> Path:
+                 external: str | None = None, config: bool = True, computed_as_declared: bool = True) -> Path:
     """A hand-made ONNX graph in a folder with the tiny model's tokenizer (and config.json): inputs input_ids and
-    attention_mask of ``input_type``; each output (name, declared shape) computed from the ids; ``external``: one
+    attention_mask of ``input_type``; each output (name, declared shape) computed from the ids, in that shape
+    (``computed_as_declared``) or as the ids themselves (batch x sequence, whatever it declares); ``external``: one
     weight kept in an external data file of that name."""
     import numpy as np
     import onnx
-    from onnx import TensorProto
+    from onnx import TensorProto, numpy_helper
     from onnx import helper as h
 
     folder = c.tmp / name
@@ -202,7 +203,24 @@ def _onnx_source(c: Ctx, name: str, outputs=(("sentence_embedding", ["batch", 32
         nodes.append(h.make_node("ReduceSum", ["w"], ["w_sum"], keepdims=0))
         nodes.append(h.make_node("Mul", ["ids_f", "w_sum"], ["ids_w"]))
     source = "ids_w" if external else "ids_f"
-    nodes += [h.make_node("Identity", [source], [out]) for out, _ in outputs]
+    for out, shape in outputs:
+        if computed_as_declared and len(shape) in (2, 3):
+            # the declared shape, computed from the ids: batch x width (each text's id sum, repeated), or batch x
+            # sequence x width (each id, repeated); a symbolic width comes out as 4
+            width = shape[-1] if isinstance(shape[-1], int) and shape[-1] <= 1024 else 4
+            inits.append(numpy_helper.from_array(np.ones([1] * (len(shape) - 1) + [width], np.float32),
+                                                      f"{out}_ones"))
+            if len(shape) == 2:
+                nodes.append(h.make_node("ReduceSum", [source, "axis1"], [f"{out}_sum"], keepdims=1))
+                if "axis1" not in {i.name for i in inits}:
+                    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+            else:
+                nodes.append(h.make_node("Unsqueeze", [source, "axis_last"], [f"{out}_sum"]))
+                if "axis_last" not in {i.name for i in inits}:
+                    inits.append(numpy_helper.from_array(np.array([-1], np.int64), "axis_last"))
+            nodes.append(h.make_node("Mul", [f"{out}_sum", f"{out}_ones"], [out]))
+        else:
+            nodes.append(h.make_node("Identity", [source], [out]))
     graph = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info(out, TensorProto.FLOAT, shape)
                                               for out, shape in outputs], inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
@@ -211,27 +229,53 @@ def _onnx_source(c: Ctx, name: str, outputs=(("sentence_embedding", ["batch", 32
     return folder / "model.onnx"
 
 
-def _allocation_bomb(c: Ctx) -> Path:
-    """An artifact exported from a 300-byte graph whose ConstantOfShape asks for 4 TB as it runs (nothing runs it
-    at export): ONNX Runtime's allocation failure was a traceback and exit 1, read by CI as "gate failed"."""
+def _allocation_bomb_source(c: Ctx, name: str = "bomb-src") -> Path:
+    """A 300-byte graph whose ConstantOfShape asks for 4 TB as it runs."""
     import numpy as np
     import onnx
     from onnx import TensorProto, numpy_helper
     from onnx import helper as h
 
-    from bertopt.registry import run_stage
-
-    model_file = _onnx_source(c, "bomb-src")
+    model_file = _onnx_source(c, name)
     model = onnx.load(str(model_file))
+    cast = next(n for n in model.graph.node if n.op_type == "Cast")
+    cast.output[0] = "ids_raw"  # ids_f = ids + sum(4 TB of ones): every output needs the allocation
     model.graph.initializer.append(numpy_helper.from_array(np.array([1_000_000, 1_000_000], np.int64), "shape"))
     model.graph.node.insert(0, h.make_node("ConstantOfShape", ["shape"], ["big"],
                                            value=h.make_tensor("v", TensorProto.FLOAT, [1], [1.0])))
     model.graph.node.insert(1, h.make_node("ReduceSum", ["big"], ["big_sum"], keepdims=0))
-    out = model.graph.node[-1]  # Identity(ids_f) -> sentence_embedding: add the sum in
-    model.graph.node.insert(len(model.graph.node) - 1, h.make_node("Add", ["ids_f", "big_sum"], ["ids_big"]))
-    out.input[0] = "ids_big"
+    model.graph.node.insert(3, h.make_node("Add", ["ids_raw", "big_sum"], ["ids_f"]))  # after the Cast
     onnx.save(model, str(model_file))
-    return run_stage("export", str(model_file), {}, c.tmp / "bomb").path
+    return model_file
+
+
+def _artifact_with_graph(c: Ctx, graph: Path, name: str) -> Path:
+    """An artifact (its files hashed as a stage would) running ``graph``: export runs an imported graph once and
+    refuses one that fails or computes other shapes than it declares, so the artifact is made from a sound graph
+    and this one swapped in, as a hand-made or tampered-and-rehashed artifact would have it."""
+    from bertopt.artifact import _digest_of_files, sha256_file
+    from bertopt.registry import run_stage
+
+    folder = run_stage("export", str(_onnx_source(c, f"{name}-sound-src")), {}, c.tmp / name).path
+    shutil.copy2(graph, folder / "model.onnx")
+    manifest = json.loads((folder / "bertopt.json").read_text())
+    manifest["files"]["model.onnx"] = {"size": (folder / "model.onnx").stat().st_size,
+                                       "sha256": sha256_file(folder / "model.onnx")}
+    manifest["digest"] = _digest_of_files(manifest["files"])
+    (folder / "bertopt.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _allocation_bomb(c: Ctx) -> Path:
+    """An artifact whose graph asks for 4 TB as it runs: ONNX Runtime's allocation failure was a traceback and
+    exit 1, read by CI as "gate failed"."""
+    return _artifact_with_graph(c, _allocation_bomb_source(c), "bomb")
+
+
+def _graph_wider_than_declared(c: Ctx) -> Path:
+    """An artifact declaring a 32-wide sentence_embedding whose graph returns one as wide as the batch's
+    longest text: stacking rows of different widths was a numpy ValueError traceback, exit 1."""
+    return _artifact_with_graph(c, _onnx_source(c, "liar-src", computed_as_declared=False), "liar")
 
 
 def _sparse(c: Ctx, name: str, size: int) -> Path:
@@ -712,6 +756,23 @@ CASES = {
     "export: a graph with no outputs": lambda c: (
         ["export", _onnx_source(c, "none", []), "--out", c.tmp / "a"], "the ONNX graph has no outputs",
         [c.tmp / "a"]),
+    "export: a pooled output as wide as the text (stacking its rows was a traceback)":
+        lambda c: (["export", _onnx_source(c, "seq-wide", [("sentence_embedding", ["batch", "sequence"])],
+                                           computed_as_declared=False), "--out", c.tmp / "a"],
+                   "output 'sentence_embedding' came back 1 x 25 for a batch of 1 x 25 tokens, not 1 x 4 as the artifact "
+                   "declares (batch x ?)",
+                   [c.tmp / "a"]),
+    "export: a per-token output that is batch x sequence": lambda c: (
+        ["export", _onnx_source(c, "tok-2d", [("last_hidden_state", ["batch", "sequence", 32])],
+                                computed_as_declared=False), "--out", c.tmp / "a"],
+        "came back 1 x 4 for a batch of 1 x 4 tokens, not 1 x 4 x 32 as the artifact declares", [c.tmp / "a"]),
+    "export: a graph that asks 4 TB as it runs (exported, then failed in every command)": lambda c: (
+        ["export", _allocation_bomb_source(c), "--out", c.tmp / "a"],
+        "failed to run in ONNX Runtime: Failed to allocate memory for requested buffer of size 4000000000000",
+        [c.tmp / "a"]),
+    "bench an artifact whose graph returns other widths than it declares": lambda c: (
+        ["bench", _graph_wider_than_declared(c), "--texts", "8", "--seq-len", "32", "--latency-seq-len", "32"],
+        "the graph does not compute what it declares", []),
     "export: float input_ids": lambda c: (
         ["export", _onnx_source(c, "floats", input_type=1), "--out", c.tmp / "a"],
         "ONNX input 'input_ids' holds float32, not int64 or int32", [c.tmp / "a"]),

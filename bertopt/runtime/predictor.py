@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertopt.artifact import Artifact, read_regular_file
-from bertopt.errors import UserError
+from bertopt.errors import ModelRunError, UserError
 from bertopt.model_handle import ModelHandle
 from bertopt.params import LONG_INPUTS
 from bertopt.runtime.backends import describe, open_session
@@ -287,6 +287,7 @@ class Predictor:
         # padded tokens per call at most, as the task declares (SPLADE's vocabulary-sized temporaries)
         self.batch_tokens = task_spec(self.task).batch_tokens
         self.stats = {"batches": 0, "texts": 0, "tokens": 0}
+        self._open_widths: dict[tuple[str, int], int] = {}  # (output, axis) -> the width its first batch had
         self._lock = threading.Lock()  # sessions are thread-safe; counters are not
 
     # -- info -----------------------------------------------------------------------------------------
@@ -404,7 +405,37 @@ class Predictor:
     def run_batch(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         names = list(outputs or self.output_names)
         arrays = self.session.run(names, feeds)
-        return {n: np.asarray(a, dtype=np.float32) if a.dtype != np.float32 else a for n, a in zip(names, arrays)}
+        rows, tokens = next(iter(feeds.values())).shape
+        result = {}
+        for name, array in zip(names, arrays):
+            array = np.asarray(array)
+            self._check_output(name, array, rows, tokens)
+            result[name] = array if array.dtype == np.float32 else array.astype(np.float32)
+        return result
+
+    def _check_output(self, name: str, array: np.ndarray, rows: int, tokens: int) -> None:
+        """An output must come back as its artifact declares (batch x width, or batch x sequence x width, a width
+        the same in every batch): an imported graph may compute something else than its declared shapes say (a
+        "pooled" output as wide as the batch's longest text), and every caller stacks rows of one width."""
+        declared = self.outputs[name].get("shape", [])
+        want: list[int | None] = []
+        for axis, dim in enumerate(declared):
+            if dim == "batch":
+                want.append(rows)
+            elif dim == "sequence":
+                want.append(tokens)
+            elif isinstance(dim, int):
+                want.append(dim)
+            else:  # a width the artifact left open (an imported graph's symbolic labels): the first batch fixes it
+                want.append(self._open_widths.setdefault((name, axis), array.shape[axis])
+                            if array.ndim == len(declared) else None)
+        if array.ndim != len(want) or any(w is not None and w != got for w, got in zip(want, array.shape)):
+            expected = " x ".join(str(w if w is not None else d) for w, d in zip(want, declared))
+            got = " x ".join(map(str, array.shape))
+            raise ModelRunError(f"{self.model.path}: the model's output '{name}' came back {got} for a batch of "
+                                f"{rows} x {tokens} tokens, not {expected} as the artifact declares "
+                                f"({' x '.join(map(str, declared))}); the graph does not compute what it declares: "
+                                "re-export the model (bertopt export from its Hugging Face folder)")
 
     def run(
         self,

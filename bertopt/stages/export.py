@@ -241,6 +241,7 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
                                   "config": str(cfg_dir / "config.json") if cfg_dir else None}
         if plan:
             w.report["notes"] = [plan["note"]]
+        _first_run(w.staged(), source.path)
         if appended:
             w.report["sentence_pipeline"] = plan["recorded"]
             diff = _pipeline_diff_vs_pytorch(w, source.path, info)
@@ -249,6 +250,24 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
                 raise UserError(f"the appended sentence-transformers pipeline differs from PyTorch by {diff:.3g} "
                                 f"(> {config['check_tolerance']:g}); please report it, or pass --pooling none")
     return w.artifact
+
+
+def _first_run(staged, source_file: Path) -> None:
+    """Run an imported graph once, before its artifact exists: two texts of different lengths alone and then in
+    one batch, so a graph that cannot run (an operator its runtime lacks, a 4 TB allocation) or computes other
+    shapes than it declares (a "pooled" output as wide as the text) is refused here, with nothing written, and not
+    by every command that loads the artifact later."""
+    from bertopt.errors import ModelRunError
+    from bertopt.runtime import Predictor
+
+    texts = ["Hello.", "A second, longer text: the shapes of a graph's outputs must not follow the text's length."]
+    pairs = texts[::-1] if staged.model_info.get("pair_input") else None
+    try:
+        predictor = Predictor(staged, provider="cpu", threads=1)
+        predictor.run(texts, pairs, batch_size=1)
+        predictor.run(texts, pairs)
+    except ModelRunError as exc:  # it names the folder being written, which is about to go: name the source
+        raise ModelRunError(str(exc).replace(str(staged.path), str(source_file))) from None
 
 
 def _pipeline_plan(source, config, folders, inputs, outputs, info) -> dict | None:
