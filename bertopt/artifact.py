@@ -822,6 +822,9 @@ class ArtifactWriter:
             if exc_type is not None:
                 full = out_of_space(exc, self.dir) if isinstance(exc, Exception) else None
                 shutil.rmtree(self.dir, ignore_errors=True)
+                if isinstance(exc, UserError) and len(exc.args) == 1 and str(self.dir) in str(exc.args[0]):
+                    # a check that ran on the folder being written named it: it is gone, name the output instead
+                    exc.args = (str(exc.args[0]).replace(str(self.dir), f"{self.out_dir} (being written)"),)
                 if full:  # one line, not a library's traceback from deep inside its writer
                     raise UserError(f"could not write the artifact {self.out_dir}: {full}; free space there or "
                                     "choose another --out") from exc

@@ -759,8 +759,8 @@ CASES = {
     "export: a pooled output as wide as the text (stacking its rows was a traceback)":
         lambda c: (["export", _onnx_source(c, "seq-wide", [("sentence_embedding", ["batch", "sequence"])],
                                            computed_as_declared=False), "--out", c.tmp / "a"],
-                   "output 'sentence_embedding' came back 1 x 25 for a batch of 1 x 25 tokens, not 1 x 4 as the artifact "
-                   "declares (batch x ?)",
+                   "output 'sentence_embedding' came back 1 x 25 for a batch of 1 x 25 tokens, not 1 x 4 as the "
+                   "artifact declares (batch x ?)",
                    [c.tmp / "a"]),
     "export: a per-token output that is batch x sequence": lambda c: (
         ["export", _onnx_source(c, "tok-2d", [("last_hidden_state", ["batch", "sequence", 32])],
@@ -773,6 +773,9 @@ CASES = {
     "bench an artifact whose graph returns other widths than it declares": lambda c: (
         ["bench", _graph_wider_than_declared(c), "--texts", "8", "--seq-len", "32", "--latency-seq-len", "32"],
         "the graph does not compute what it declares", []),
+    "compile a graph wider than declared (the error named a temp folder)": lambda c: (
+        ["compile", _graph_wider_than_declared(c), "--runtime", "openvino", "--out", c.tmp / "ov"],
+        f"{c.tmp / 'ov'} (being written): the model's output 'sentence_embedding' came back", [c.tmp / "ov"]),
     "export: float input_ids": lambda c: (
         ["export", _onnx_source(c, "floats", input_type=1), "--out", c.tmp / "a"],
         "ONNX input 'input_ids' holds float32, not int64 or int32", [c.tmp / "a"]),
