@@ -122,9 +122,9 @@ def read_json_file(path: Path, *, max_bytes: int, max_depth: int, fix: str, erro
     return value
 
 
-def member_path_problem(rel: Any) -> str | None:
-    """Why ``rel`` is not a path a manifest may name (a plain relative POSIX path that stays in the folder), or
-    None. Syntax only; ``Artifact.verify`` checks what is on disk."""
+def member_path_problem(rel: Any, folder: str = "the artifact folder") -> str | None:
+    """Why ``rel`` is not a path a manifest (or a model file, of its ``folder``) may name: a plain relative POSIX
+    path that stays in the folder; else None. Syntax only; ``Artifact.verify`` checks what is on disk."""
     if not isinstance(rel, str) or not rel:
         return "is not a file name"
     if "\x00" in rel or "\\" in rel:
@@ -134,7 +134,7 @@ def member_path_problem(rel: Any) -> str | None:
         return "is an absolute path"
     parts = rel.split("/")
     if ".." in parts:
-        return "climbs out of the artifact folder (..)"
+        return f"climbs out of {folder} (..)"
     if "." in parts or "" in parts:
         return "is not a plain relative path"
     return None
@@ -147,7 +147,7 @@ def external_data_locations(model_file: Path, any_suffix: bool = False) -> list[
     ``any_suffix`` (an artifact's model file is read as ONNX whatever its name)."""
     names = _raw_external_data_files(model_file, any_suffix)
     for name in names:
-        problem = member_path_problem(name)
+        problem = member_path_problem(name, "the model's folder")
         if problem:
             raise UserError(f"{model_file} keeps weights in external data {name!r:.80}, which {problem}; external "
                             "data must be a file next to the model: re-save the model with its data beside it "

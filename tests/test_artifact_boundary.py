@@ -214,7 +214,7 @@ def _external_data_escape(h: Hostile):
     """The (listed, hashed) model names external data outside the folder: ../outside/weights."""
     dest, m = h.copy()
     _point_external_data_outside(dest / "model.onnx", h.outside)
-    return h.save(dest, _rehash(dest, m, "model.onnx")), "which climbs out of the artifact folder (..)"
+    return h.save(dest, _rehash(dest, m, "model.onnx")), "which climbs out of the model's folder (..)"
 
 
 def _external_data_in_subgraph(h: Hostile):
@@ -237,7 +237,7 @@ def _external_data_in_subgraph(h: Hostile):
         [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", 1, [4])],
         [out])
     onnx.save(helper.make_model(graph), str(dest / "model.onnx"))
-    return h.save(dest, _rehash(dest, m, "model.onnx")), "'../outside/secret', which climbs out of the artifact"
+    return h.save(dest, _rehash(dest, m, "model.onnx")), "'../outside/secret', which climbs out of the model's folder"
 
 
 def _model_named_otherwise_with_unlisted_data(h: Hostile):
@@ -414,7 +414,7 @@ def test_export_from_onnx_whose_external_data_points_outside_is_refused(tiny_onn
     code, out, err = cli("export", src / "model.onnx", "--tokenizer", tiny_onnx.tokenizer_path,
                          "--out", tmp_path / "out")
     assert code == 2, err
-    assert "keeps weights in external data '../outside/weights', which climbs out of the artifact folder" in err
+    assert "keeps weights in external data '../outside/weights', which climbs out of the model's folder" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
