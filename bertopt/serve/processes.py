@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,21 @@ _CHILD_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ",
                     "BERTOPT_CACHE_DIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}  # not HF_TOKEN: a secret
 _CHILD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ONEDNN_", "DNNL_", "TBB_",
                        "ORT_", "OV_", "OPENVINO_", "TF_", "TORCH_", "PYTORCH_")
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """How a worker or the sink ended, in words: a signal by its name (it wrote nothing: "see the log" would point
+    at nothing), an exit code with where its reason is."""
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        why = " (the kernel's out-of-memory killer sends it, or another process did)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{why}"
+    return f"exited with code {returncode}; see the log above"
 
 
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -216,8 +216,8 @@ class Server:
         self.auth = None
         self._stopped = False
 
-    def _sink_alive(self) -> bool:
-        return self.sink_proc is not None and self.sink_proc.poll() is None
+    def _sink_exit(self) -> int | None:
+        return None if self.sink_proc is None else self.sink_proc.poll()
 
     def _start_sink(self, curve, http_reply: str | None) -> str:
         scfg = {"bind": self.cfg.bind, "port_out": self.cfg.port_out if self.cfg.zmq else None,
@@ -320,7 +320,7 @@ class Server:
             tokenizers = {m["name"]: load_tokenizer(Path(m["tokenizer"]), m["max_seq_len"]) for m in self.models}
             self.ventilator = Ventilator(self.ctx, vcfg, frontend, router, sink, worker_cfgs, http_in=http_in,
                                          tokenizers=tokenizers, metrics=http.metrics if http else None,
-                                         sink_alive=self._sink_alive)
+                                         sink_exit=self._sink_exit)
             if http is not None:
                 http.start(self.ventilator)  # answers /health with 503 until the workers are ready
             self.ventilator.start_workers(cfg.startup_timeout_s, progress)

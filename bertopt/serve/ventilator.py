@@ -70,7 +70,7 @@ from bertopt.serve.batching import (
     cut_request,
     pack,
 )
-from bertopt.serve.processes import start_child
+from bertopt.serve.processes import how_it_ended, start_child
 from bertopt.serve.recent_keys import RecentKeys
 
 log = logging.getLogger("bertopt.serve")
@@ -118,7 +118,8 @@ class WorkerSlot:
     texts_done: int = 0
     restarts: int = 0
     start_failures: int = 0
-    last_error: str = ""
+    last_error: str = ""  # what it said when it could not load the artifact
+    last_end: str = ""  # how its process last ended (how_it_ended)
 
     @property
     def identity(self) -> bytes:
@@ -189,8 +190,8 @@ class WorkerPool:
                 raise UserError(f"worker {slot.index}{self._of(slot)} could not load the artifact: "
                                 f"{slot.last_error}")
             if slot.proc.poll() is not None and not slot.ready:
-                raise UserError(f"worker {slot.index}{self._of(slot)} exited with code {slot.proc.returncode} "
-                                "while loading the artifact; see the log above")
+                raise UserError(f"worker {slot.index}{self._of(slot)} stopped while loading the artifact: it "
+                                f"{how_it_ended(slot.proc.returncode)}")
 
     def _of(self, slot: WorkerSlot) -> str:
         """' (model NAME)' where the fleet serves several models."""
@@ -207,8 +208,9 @@ class WorkerPool:
             slot.ready = False
             jobs = slot.clear_lanes()
             lost += jobs
-            log.warning("worker %d (pid %s) died with exit code %s; restarting it and re-sending %d mini-job(s)",
-                        slot.index, slot.proc.pid, slot.proc.returncode, len(jobs))
+            slot.last_end = how_it_ended(slot.proc.returncode)
+            log.warning("worker %d (pid %s) %s; restarting it and re-sending %d mini-job(s)",
+                        slot.index, slot.proc.pid, slot.last_end, len(jobs))
             if slot.start_failures >= MAX_ATTEMPTS:
                 log.error("worker %d failed to start %d times (%s); leaving it stopped, serving with %d "
                           "worker(s)", slot.index, slot.start_failures, slot.last_error,
@@ -458,11 +460,11 @@ class Scheduler:
 class Ventilator:
     def __init__(self, ctx, cfg: dict[str, Any], frontend, router, sink_push, worker_cfgs: dict[str, dict[str, Any]],
                  http_in=None, tokenizers: dict[str, Any] | None = None, metrics=None,
-                 sink_alive: Callable[[], bool] | None = None):
-        """``sink_alive``: whether the sink process still runs (every reply goes through it)."""
+                 sink_exit: Callable[[], int | None] | None = None):
+        """``sink_exit``: the sink process's exit code, None while it runs (every reply goes through it)."""
         import zmq
 
-        self.sink_alive = sink_alive
+        self.sink_exit = sink_exit
 
         self.zmq = zmq
         self.ctx = ctx
@@ -749,14 +751,16 @@ class Ventilator:
         """Restart dead workers and re-send their work; False when no worker can run at all, or the sink stopped
         (nothing could be answered: the server stops and says why, instead of taking requests it cannot answer
         while /health says ok)."""
-        if self.sink_alive is not None and not self.sink_alive():
-            self.failure = "the sink process (it sends every reply) stopped; see the log above"
+        ended = self.sink_exit() if self.sink_exit is not None else None
+        if ended is not None:
+            self.failure = f"the sink process (it sends every reply) {how_it_ended(ended)}"
             return False
         self.pool.kill_stalled(self.cfg.get("worker_stall_timeout_s", float("inf")))
         for job in self.pool.reap_dead():
             self.scheduler.requeue(job, "a worker died or hung")
         if not self.pool.any_alive():
-            reasons = sorted({s.last_error for s in self.workers if s.last_error})
+            reasons = sorted({s.last_error for s in self.workers if s.last_error}) or \
+                sorted({f"a worker {s.last_end}" for s in self.workers if s.last_end})
             self.failure = ("every worker stopped: " + ("; ".join(reasons) if reasons else
                                                           "they failed to start; see the log above"))
             for piece in self.scheduler.drain():
