@@ -263,7 +263,7 @@ def _first_run(staged, source_file: Path) -> None:
     texts = ["Hello.", "A second, longer text: the shapes of a graph's outputs must not follow the text's length."]
     pairs = texts[::-1] if staged.model_info.get("pair_input") else None
     try:
-        predictor = Predictor(staged, provider="cpu", threads=1)
+        predictor = Predictor(staged, threads=1)  # where later commands run it by default (a GPU, if any)
         predictor.run(texts, pairs, batch_size=1)
         predictor.run(texts, pairs)
     except ModelRunError as exc:  # it names the folder being written, which is about to go: name the source
