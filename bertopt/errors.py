@@ -65,10 +65,13 @@ def defer_signal(exc: BaseException) -> bool:
     return False
 
 
-def _inside_import(frame) -> bool:
-    """Whether ``frame`` runs inside an ``import`` (a module's body, called by importlib)."""
+def _inside_import_or_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside an ``import`` (a module's body, called by importlib) or a finalizer (an
+    object's ``__del__``, a ``weakref.finalize`` callback: the garbage collector runs them wherever it runs)."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__" or \
+                (code.co_name in ("__call__", "_exitfunc") and code.co_filename.endswith("weakref.py")):
             return True
         frame = frame.f_back
     return False
@@ -76,12 +79,14 @@ def _inside_import(frame) -> bool:
 
 def hold_signal(exc: BaseException, signum: int, frame) -> bool:
     """For the CLI's signal handlers: True where ``exc`` must not be raised now. Inside ``signals_deferred`` it is
-    kept for the block's end; inside an import it is sent again 50 ms later, until the import is done: raised in
-    a module's body while native code runs it (torch's C++ initialisers call back into Python), it went through
-    pybind11 into std::terminate (exit 134, no ``finally`` run, the output lock left behind)."""
+    kept for the block's end; inside an import or a finalizer the signal is sent again 50 ms later, until it is
+    done. Raised in a module's body while native code runs it (torch's C++ initialisers call back into Python), it
+    went through pybind11 into std::terminate (exit 134, no ``finally`` run, the output lock left behind); raised
+    in a ``__del__`` (the ``regex`` module's, as the collector ran it during ``bertopt tune``), Python cannot
+    propagate it: it printed "Exception ignored in ..." with a traceback and the interrupt was lost."""
     if defer_signal(exc):
         return True
-    if _inside_import(frame):
+    if _inside_import_or_finalizer(frame):
         timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
         timer.daemon = True
         timer.start()

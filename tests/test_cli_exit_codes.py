@@ -247,6 +247,28 @@ def test_an_interrupt_during_an_import_lets_it_finish_then_exits_130(tiny_onnx, 
     assert sorted(p.name for p in work.iterdir()) == []
 
 
+# an interrupt while the garbage collector runs an object's __del__ (the regex module's, during a tune): Python
+# cannot raise out of a finalizer, so it printed "Exception ignored in ..." with a traceback and the interrupt was
+# lost (the command ran on to its end)
+INTERRUPTED_FINALIZER = """class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100_000):
+                pass
+            open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "finalized-whole"), "w").close()
+
+    Finalized()"""
+
+
+def test_an_interrupt_during_a_finalizer_lets_it_finish_then_exits_130(tiny_onnx, tmp_path):
+    proc, site, work = _validate_with_site(tiny_onnx, tmp_path, {"sitecustomize.py": INTERRUPT_IN_LIBRARY.format(
+        body=INTERRUPTED_FINALIZER)})
+    assert (site / "finalized-whole").is_file()  # the finalizer ran to its end: no exception inside it
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert lines(proc.stderr) == ["interrupted"] and "gate PASSED" not in proc.stdout
+    assert sorted(p.name for p in work.iterdir()) == []
+
+
 def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
