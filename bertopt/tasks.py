@@ -50,6 +50,10 @@ TASK_SPECS: tuple[Task, ...] = (
 TASKS: tuple[str, ...] = tuple(t.name for t in TASK_SPECS)
 # a manifest that names no task is an embedding model (artifacts made before tasks existed)
 DEFAULT_TASK = "embedding"
+# the most labels a classifier's head may have: each is named in the artifact's manifest (id2label, within its
+# 16 MiB bound), and a config's num_labels of 10^10 built a ten-billion-entry label map (6.6 GB, then MemoryError)
+MAX_LABELS = 65_536
+MAX_LABEL_CHARS = 200  # a label's name
 
 _BY_NAME = {t.name: t for t in TASK_SPECS}
 _NAMES = {**{s: t.name for t in TASK_SPECS for s in t.synonyms}, **{t.name: t.name for t in TASK_SPECS}}

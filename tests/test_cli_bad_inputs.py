@@ -329,6 +329,13 @@ def _hf_edited(c: Ctx, file: str, edit) -> Path:
     return folder
 
 
+def _classifier_config(**values):
+    """An edit making config.json a sequence classifier's, with ``values`` set."""
+    def edit(m):
+        return {**m, "architectures": ["BertForSequenceClassification"], **values}
+    return edit
+
+
 def _set_in(path: tuple, value):
     """An edit setting the value at ``path`` (keys and list indices) of a manifest."""
     def edit(m):
@@ -661,6 +668,18 @@ CASES = {
     "export: config.json id2label a list": lambda c: (
         ["export", _hf_edited(c, "config.json", _set("id2label", [1, 2])), "--out", c.tmp / "a"],
         "'id2label' must be an object", [c.tmp / "a"]),
+    "export: config.json num_labels 10^10 (a 6.6 GB label map)": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(num_labels=10**10, id2label={})), "--out",
+         c.tmp / "a"], "'num_labels' must be a whole number from 1 to 65,536, got 10000000000", [c.tmp / "a"]),
+    "export: config.json num_labels a string": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(num_labels="abc", id2label={})), "--out",
+         c.tmp / "a"], "'num_labels' must be a whole number from 1 to 65,536, got 'abc'", [c.tmp / "a"]),
+    "export: config.json id2label keyed by names": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(id2label={"neg": "NEGATIVE", "pos": "POSITIVE"})),
+         "--out", c.tmp / "a"], "'id2label' key 'neg' is not a label index from 0 to 1", [c.tmp / "a"]),
+    "export: config.json id2label naming a label by a number": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(id2label={"0": "NEGATIVE", "1": 7})),
+         "--out", c.tmp / "a"], "'id2label' names label 1 7, not a name of 1 to 200 characters", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

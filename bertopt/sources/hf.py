@@ -22,7 +22,7 @@ from bertopt.errors import UserError, require
 from bertopt.families import family_by_name, family_for_config
 from bertopt.model_handle import ModelHandle
 from bertopt.sources.files import check_source_file, check_source_files, folder_name_problem, read_source_text
-from bertopt.tasks import TASK_SPECS, TASKS, canonical_task, task_spec
+from bertopt.tasks import MAX_LABEL_CHARS, MAX_LABELS, TASK_SPECS, TASKS, canonical_task, task_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model", "sentencepiece.bpe.model",
                    "tokenizer_config.json", "special_tokens_map.json")
@@ -67,10 +67,26 @@ def read_config(path: Path) -> dict[str, Any]:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"{file}: '{key}' must be a positive whole number, got {value!r}; fix the config")
+    labels = config.get("num_labels")
+    if labels is not None and (isinstance(labels, bool) or not isinstance(labels, int) or
+                               not 1 <= labels <= MAX_LABELS):
+        raise UserError(f"{file}: 'num_labels' must be a whole number from 1 to {MAX_LABELS:,}, got {labels!r:.40}; "
+                        "fix the config (the classifier head's outputs)")
     for key in ("id2label", "label2id"):
         if config.get(key) is not None and not isinstance(config[key], dict):
             raise UserError(f"{file}: '{key}' must be an object (label index -> name), got a "
                             f"{type(config[key]).__name__}; fix the config")
+        if len(config.get(key) or {}) > MAX_LABELS:
+            raise UserError(f"{file}: '{key}' names {len(config[key]):,} labels, more than the {MAX_LABELS:,} a "
+                            "classifier may have; fix the config")
+    id2label = config.get("id2label") or {}
+    for index, name in id2label.items():  # transformers reads the keys as ints; the manifest keeps the names
+        if not (isinstance(index, str) and index.isascii() and index.isdigit() and int(index) < len(id2label)):
+            raise UserError(f"{file}: 'id2label' key {index!r:.40} is not a label index from 0 to "
+                            f"{len(id2label) - 1}; fix the config (\"0\": \"NEGATIVE\", \"1\": ...)")
+        if not isinstance(name, str) or not name or len(name) > MAX_LABEL_CHARS:
+            raise UserError(f"{file}: 'id2label' names label {index} {name!r:.40}, not a name of 1 to "
+                            f"{MAX_LABEL_CHARS} characters; fix the config")
     return config
 
 

@@ -14,13 +14,12 @@ from typing import Any
 
 from bertopt.errors import UserError
 from bertopt.params import Param
-from bertopt.tasks import TASKS
+from bertopt.tasks import MAX_LABELS, TASKS
 
 # sentence-transformers' pooling modes (kept here, not imported from sources.hf, so the CLI stays light)
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
 NAME = "export"
-MAX_IMPORTED_LABELS = 65_536  # labels an imported classifier may declare without a config naming them
 HELP = "Convert a model (Hugging Face folder, ONNX file, TF graph artifact) into a bertopt artifact."
 
 
@@ -202,9 +201,9 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
             if not isinstance(labels, int):
                 raise UserError(f"{source.path}: the {info['task']} output '{info['primary_output']}' does not declare "
                                 "how many labels it has; put num_labels (and id2label) in the config.json beside it")
-            if labels > MAX_IMPORTED_LABELS:  # each named in the manifest (id2label)
+            if labels > MAX_LABELS:  # each named in the manifest (id2label)
                 raise UserError(f"{source.path}: the {info['task']} output declares {labels:,} labels, more than "
-                                f"{MAX_IMPORTED_LABELS:,}; put num_labels and id2label in the config.json beside it")
+                                f"the {MAX_LABELS:,} a classifier may have; re-export the model")
             detected.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
                             pair_input=info["task"] == "rerank")
         detected["hidden_size"] = detected.get("hidden_size") or info["hidden_size"]
