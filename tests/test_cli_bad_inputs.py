@@ -680,6 +680,9 @@ CASES = {
     "export: config.json id2label naming a label by a number": lambda c: (
         ["export", _hf_edited(c, "config.json", _classifier_config(id2label={"0": "NEGATIVE", "1": 7})),
          "--out", c.tmp / "a"], "'id2label' names label 1 7, not a name of 1 to 200 characters", [c.tmp / "a"]),
+    "export: a pooling config naming mean 5,000 times (minutes, a 160,000-wide embedding)": lambda c: (
+        ["export", _hf_edited(c, "1_Pooling/config.json", lambda m: {"pooling_mode": ["mean"] * 5000}), "--out",
+         c.tmp / "a"], "pooling_mode lists a mode more than once (5,000 modes); name each of", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

@@ -124,10 +124,14 @@ def _pooling_modes(cfg: dict[str, Any], where: Path) -> list[str]:
     if mode is None:
         modes = [name for key, name in _LEGACY_POOLING.items() if cfg.get(key)]
     else:
-        modes = [mode] if isinstance(mode, str) else list(mode)
-    if not modes or any(m not in POOLING_MODES for m in modes):
-        raise UserError(f"{where}: unsupported sentence-transformers pooling {cfg}; bertopt supports "
+        modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [mode]
+    if not modes or any(not isinstance(m, str) or m not in POOLING_MODES for m in modes):
+        raise UserError(f"{where}: unsupported sentence-transformers pooling {str(cfg):.200}; bertopt supports "
                         f"{', '.join(POOLING_MODES)}")
+    if len(set(modes)) < len(modes):  # sentence-transformers has one flag per mode: a repeat is no model of its
+        # (a 40 KB list of 5,000 "mean"s made a 160,000-wide embedding over minutes)
+        raise UserError(f"{where}: pooling_mode lists a mode more than once ({len(modes):,} modes); name each of "
+                        f"{', '.join(POOLING_MODES)} at most once")
     return modes
 
 
