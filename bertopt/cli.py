@@ -356,6 +356,7 @@ def _quiet_third_party_output() -> None:
 
     warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean")
     warnings.filterwarnings("ignore", message="Exporting aten::index operator")
+    warnings.filterwarnings("ignore", message="Detected pickle protocol")  # torch.load of a refused pickle
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     if not logging.getLogger().handlers:

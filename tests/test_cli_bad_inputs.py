@@ -122,6 +122,28 @@ def _dense_as_bin(c: Ctx) -> Path:
     return folder
 
 
+def _hf_with_dense(c: Ctx, config: dict, shape: tuple[int, int] | None = (8, 32), pickle_payload: bool = False):
+    """The tiny model folder with a Dense module of ``config`` whose model.safetensors holds weights of ``shape``
+    (and a bias), or whose pytorch_model.bin is a pickle that would run code when unpickled."""
+    import pickle
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = _hf_copy(c)
+    dense = c.st_module(folder, "sentence_transformers.models.Dense",
+                        {"activation_function": "torch.nn.modules.activation.Tanh", **config})
+    if shape:
+        save_file({"linear.weight": torch.randn(*shape), "linear.bias": torch.randn(shape[0])},
+                  str(dense / "model.safetensors"))
+    if pickle_payload:
+        class Payload:
+            def __reduce__(self):
+                return (os.system, (f"touch {c.tmp / 'PWNED'}",))
+        (dense / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": Payload()}))
+    return folder
+
+
 def _with_module(c: Ctx, module_type: str) -> Path:
     folder = c.st_onnx_folder()
     c.st_module(folder, module_type, {"word_embedding_dimension": 32, "hidden_dim": 8})
@@ -683,6 +705,20 @@ CASES = {
     "export: a pooling config naming mean 5,000 times (minutes, a 160,000-wide embedding)": lambda c: (
         ["export", _hf_edited(c, "1_Pooling/config.json", lambda m: {"pooling_mode": ["mean"] * 5000}), "--out",
          c.tmp / "a"], "pooling_mode lists a mode more than once (5,000 modes); name each of", [c.tmp / "a"]),
+    "export: a Dense config declaring 30000 x 30000 (3.6 GB allocated, then a traceback)": lambda c: (
+        ["export", _hf_with_dense(c, {"in_features": 30000, "out_features": 30000}), "--out", c.tmp / "a"],
+        "the Dense weights hold bias [8], weight [8, 32], not those its config.json declares (weight [30000, 30000]",
+        [c.tmp / "a"]),
+    "export: a Dense whose in_features is a string": lambda c: (
+        ["export", _hf_with_dense(c, {"in_features": "32", "out_features": 8}), "--out", c.tmp / "a"],
+        "'in_features' must be a whole number from 1 to 65,536, got '32'; re-save the Dense module", [c.tmp / "a"]),
+    "export: a Dense wider than the pooled vector before it": lambda c: (
+        ["export", _hf_with_dense(c, {"in_features": 64, "out_features": 8}, shape=(8, 64)), "--out", c.tmp / "a"],
+        "'in_features' is 64, but the module before it outputs 32 values", [c.tmp / "a"]),
+    "export: Dense weights a pickle that runs code (not run; was a traceback)": lambda c: (
+        ["export", _hf_with_dense(c, {"in_features": 32, "out_features": 8}, shape=None, pickle_payload=True),
+         "--out", c.tmp / "a"], "pytorch_model.bin holds more than plain tensors (a pickle bertopt never runs)",
+        [c.tmp / "a", c.tmp / "PWNED"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

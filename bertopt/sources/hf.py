@@ -55,6 +55,7 @@ def _json_file(file: Path, fix: str, kind: type = dict, root: Path | None = None
     return data
 
 
+MAX_DENSE_FEATURES = 1 << 16  # a Dense module's widths (real ones: 256-4096)
 # config.json values that size the model: transformers fails deep inside (negative tensor sizes, modulo by zero)
 _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
           "vocab_size")
@@ -137,7 +138,18 @@ def _pooling_modes(cfg: dict[str, Any], where: Path) -> list[str]:
 
 def _dense_info(path: Path, module: dict[str, Any]) -> dict[str, Any]:
     cfg = _module_config(path, module)
+    where = path / module.get("path", "") / "config.json"
+    for key in ("in_features", "out_features"):  # checked against the weights' shape as they load (_load_dense)
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DENSE_FEATURES:
+            raise UserError(f"{where}: '{key}' must be a whole number from 1 to {MAX_DENSE_FEATURES:,}, got "
+                            f"{value!r:.40}; re-save the Dense module")
+    if not isinstance(cfg.get("bias", True), bool):
+        raise UserError(f"{where}: 'bias' must be true or false, got {cfg['bias']!r:.40}; re-save the Dense module")
     act_path = cfg.get("activation_function") or "torch.nn.modules.activation.Tanh"
+    if not isinstance(act_path, str):
+        raise UserError(f"{where}: 'activation_function' must be a class name such as "
+                        f"torch.nn.modules.activation.Tanh, got {act_path!r:.40}; re-save the Dense module")
     act = DENSE_ACTIVATIONS.get(act_path.rsplit(".", 1)[-1])
     if act is None:
         raise UserError(f"{path / module['path']}: Dense activation {act_path} is not supported; bertopt supports "
@@ -416,18 +428,35 @@ def dense_weights_file(path: Path, dense: dict[str, Any], allow_bin: bool = True
     raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; re-save the Dense module")
 
 
-def _load_dense(path: Path, dense: dict[str, Any], allow_bin: bool = True):
+def _load_dense(path: Path, dense: dict[str, Any], allow_bin: bool = True, width: int | None = None):
+    """A Dense module as (Linear, activation); ``width``: what the module before it outputs. Its weights are read
+    first and held to its config (a 60-byte config declaring 30000 x 30000 had torch allocate 3.6 GB before the
+    file's 16 x 32 weights were found not to fit)."""
     import torch
 
     file = dense_weights_file(path, dense, allow_bin)
-    linear = torch.nn.Linear(dense["in_features"], dense["out_features"], bias=dense["bias"])
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    where = Path(path) / dense["path"]
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        state = load_file(str(file))
-    else:
-        state = torch.load(str(file), map_location="cpu", weights_only=True)
-    state = {k.removeprefix("linear."): v for k, v in state.items()}
+            state = load_file(str(file))
+        else:
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged file, a pickle of more than tensors: weights_error says which
+        raise weights_error(where, exc) from None
+    state = {k.removeprefix("linear."): v for k, v in state.items()} if isinstance(state, dict) else {}
+    out_f, in_f = dense["out_features"], dense["in_features"]
+    want = {"weight": (out_f, in_f), **({"bias": (out_f,)} if dense["bias"] else {})}
+    got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in state.items()}
+    if got != want:
+        said = ", ".join(f"{k} {list(v) if v is not None else 'not a tensor'}" for k, v in got.items()) or "nothing"
+        raise UserError(f"{file}: the Dense weights hold {said:.200}, not those its config.json declares "
+                        f"({', '.join(f'{k} {list(v)}' for k, v in want.items())}); re-save the Dense module")
+    if width is not None and in_f != width:
+        raise UserError(f"{where / 'config.json'}: 'in_features' is {in_f}, but the module before it outputs "
+                        f"{width} values; re-save the sentence-transformers model")
+    linear = torch.nn.Linear(in_f, out_f, bias=dense["bias"])
     linear.load_state_dict(state)
     act = {"identity": torch.nn.Identity(), "tanh": torch.nn.Tanh(), "relu": torch.nn.ReLU(),
            "gelu": torch.nn.GELU(), "sigmoid": torch.nn.Sigmoid(), "silu": torch.nn.SiLU()}[dense["activation"]]
@@ -515,7 +544,12 @@ def build_sentence_pipeline(path: Path, info: dict[str, Any], pooling: str | lis
     file gets it appended (``sources.onnx_pipeline``)."""
     torch = require("torch", "torch", "sentence-transformers pipelines")
     modes = [pooling] if isinstance(pooling, str) else list(pooling)
-    denses = torch.nn.ModuleList([_load_dense(Path(path), d, allow_bin) for d in info.get("dense") or []])
+    width = info["hidden_size"] * len(modes) if isinstance(info.get("hidden_size"), int) else None
+    loaded = []
+    for dense in info.get("dense") or []:
+        loaded.append(_load_dense(Path(path), dense, allow_bin, width))
+        width = dense["out_features"]
+    denses = torch.nn.ModuleList(loaded)
     normalize = bool(info.get("normalize"))
 
     class SentencePipeline(torch.nn.Module):
