@@ -719,6 +719,22 @@ CASES = {
         ["export", _hf_with_dense(c, {"in_features": 32, "out_features": 8}, shape=None, pickle_payload=True),
          "--out", c.tmp / "a"], "pytorch_model.bin holds more than plain tensors (a pickle bertopt never runs)",
         [c.tmp / "a", c.tmp / "PWNED"]),
+    "export: config.json architectures a number (a traceback)": lambda c: (
+        ["export", _hf_edited(c, "config.json", _set("architectures", [5])), "--out", c.tmp / "a"],
+        "'architectures' must be a list of class names (e.g. [\"BertModel\"]), got [5]", [c.tmp / "a"]),
+    "export: a cross-encoder config whose sentence_transformers is a string": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(id2label={"0": "score"}, sentence_transformers="x")),
+         "--out", c.tmp / "a"], "'sentence_transformers' must be an object, got 'x'", [c.tmp / "a"]),
+    "export: a cross-encoder config whose activation is a number": lambda c: (
+        ["export", _hf_edited(c, "config.json", _classifier_config(id2label={"0": "score"},
+                                                                    sbert_ce_default_activation_function=5)),
+         "--out", c.tmp / "a"], "a cross-encoder's activation must be a class name", [c.tmp / "a"]),
+    "export: a pooling mode that is a number": lambda c: (
+        ["export", _hf_edited(c, "1_Pooling/config.json", lambda m: {"pooling_mode": 5}), "--out", c.tmp / "a"],
+        "unsupported sentence-transformers pooling {'pooling_mode': 5}", [c.tmp / "a"]),
+    "export: modules.json naming a module type by a number": lambda c: (
+        ["export", _hf_edited(c, "modules.json", lambda m: [{**m[0], "type": 5}, *m[1:]]), "--out", c.tmp / "a"],
+        "a module's 'type' must be a class name", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

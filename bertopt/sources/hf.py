@@ -68,6 +68,17 @@ def read_config(path: Path) -> dict[str, Any]:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"{file}: '{key}' must be a positive whole number, got {value!r}; fix the config")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise UserError(f"{file}: 'architectures' must be a list of class names (e.g. [\"BertModel\"]), got "
+                        f"{archs!r:.60}; fix the config")
+    cross = config.get("sentence_transformers")
+    if cross is not None and not isinstance(cross, dict):
+        raise UserError(f"{file}: 'sentence_transformers' must be an object, got {cross!r:.60}; fix the config")
+    for act in ((cross or {}).get("activation_fn"), config.get("sbert_ce_default_activation_function")):
+        if act is not None and not isinstance(act, str):
+            raise UserError(f"{file}: a cross-encoder's activation must be a class name such as "
+                            f"torch.nn.modules.activation.Sigmoid, got {act!r:.60}; fix the config")
     labels = config.get("num_labels")
     if labels is not None and (isinstance(labels, bool) or not isinstance(labels, int) or
                                not 1 <= labels <= MAX_LABELS):
@@ -108,6 +119,10 @@ def _st_modules(path: Path) -> list[dict[str, Any]]:
     if not all(isinstance(m, dict) for m in modules):
         raise UserError(f"{file} must list one object per module; re-save the sentence-transformers model")
     for module in modules:  # each module's folder is read (its config, a Dense layer's weights): it must be ours
+        if not isinstance(module.get("type", ""), str):
+            raise UserError(f"{file}: a module's 'type' must be a class name (e.g. "
+                            f"sentence_transformers.models.Pooling), got {module['type']!r:.60}; re-save the "
+                            "sentence-transformers model")
         problem = folder_name_problem(module.get("path", ""))
         if problem:
             raise UserError(f"{file}: module path {module.get('path')!r:.80} {problem}; a module's folder is a "
