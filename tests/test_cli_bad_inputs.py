@@ -351,6 +351,18 @@ def _hf_edited(c: Ctx, file: str, edit) -> Path:
     return folder
 
 
+def _hf_weights_without(c: Ctx, dropped: str, **config) -> Path:
+    """The tiny model folder whose model.safetensors lacks the tensors whose names hold ``dropped``, its config.json
+    with ``config`` set: transformers filled what is missing with random numbers, silently."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _hf_edited(c, "config.json", lambda m: {**m, **config})
+    weights = folder / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(weights)).items() if dropped not in k}, str(weights),
+              metadata={"format": "pt"})
+    return folder
+
+
 def _classifier_config(**values):
     """An edit making config.json a sequence classifier's, with ``values`` set."""
     def edit(m):
@@ -735,6 +747,15 @@ CASES = {
     "export: modules.json naming a module type by a number": lambda c: (
         ["export", _hf_edited(c, "modules.json", lambda m: [{**m[0], "type": 5}, *m[1:]]), "--out", c.tmp / "a"],
         "a module's 'type' must be a class name", [c.tmp / "a"]),
+    "export: vocab_size 20,000,000 and no embeddings (a 2.5 GB artifact of random numbers, exit 0)": lambda c: (
+        ["export", _hf_weights_without(c, "word_embeddings", vocab_size=20_000_000), "--out", c.tmp / "a"],
+        "config.json describes a model of 640,", [c.tmp / "a"]),
+    "export: weights without one bias (a random one in the artifact, exit 0)": lambda c: (
+        ["export", _hf_weights_without(c, "layer.0.attention.self.query.bias"), "--out", c.tmp / "a"],
+        "has no weights for encoder.layer.0.attention.self.query.bias, which its config.json asks for", [c.tmp / "a"]),
+    "export: num_hidden_layers 200,000 (minutes building layers)": lambda c: (
+        ["export", _hf_edited(c, "config.json", _set("num_hidden_layers", 200_000)), "--out", c.tmp / "a"],
+        "'num_hidden_layers' is 200,000, more than the 256", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

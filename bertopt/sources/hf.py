@@ -56,6 +56,7 @@ def _json_file(file: Path, fix: str, kind: type = dict, root: Path | None = None
 
 
 MAX_DENSE_FEATURES = 1 << 16  # a Dense module's widths (real ones: 256-4096)
+MAX_LAYERS = 256  # encoder layers (BERT-large: 24; the deepest BERT-family checkpoints: 48)
 # config.json values that size the model: transformers fails deep inside (negative tensor sizes, modulo by zero)
 _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
           "vocab_size")
@@ -68,6 +69,11 @@ def read_config(path: Path) -> dict[str, Any]:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"{file}: '{key}' must be a positive whole number, got {value!r}; fix the config")
+    layers = _config_value(config, "num_hidden_layers")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+        # each layer is a module transformers builds before any weight is read (200,000 ran for minutes)
+        raise UserError(f"{file}: 'num_hidden_layers' is {layers:,}, more than the {MAX_LAYERS} an encoder of "
+                        "this kind has; fix the config")
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise UserError(f"{file}: 'architectures' must be a list of class names (e.g. [\"BertModel\"]), got "
@@ -391,15 +397,88 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     for weights in sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")]):
         check_source_file(path, weights, "replace it with the weights file itself")
     try:
+        # what config.json asks for, weighed on the meta device (no memory) before anything is allocated:
+        # transformers fills weights a checkpoint lacks with random values, so a 120 KB folder whose config said
+        # vocab_size 20,000,000 without the embeddings wrote a 2.5 GB artifact of random numbers (exit 0)
+        with torch.device("meta"):
+            meta = cls.from_config(transformers.AutoConfig.from_pretrained(str(path)), attn_implementation="eager")
+        needed = sum(p.numel() for p in meta.parameters())
+        held = checkpoint_elements(path)
+        if held is not None and needed > held + held // 20 + 4096:
+            raise UserError(f"{path}/config.json describes a model of {needed:,} weights, but its weights files "
+                            f"hold {held:,}: the config does not match the weights (sizes such as "
+                            "num_hidden_layers, vocab_size, hidden_size); use the config.json saved with them")
         # eager attention exports to the graph ONNX Runtime's BERT fusions recognise (SDPA does not fuse)
-        model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32)
+        model, loading = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32,
+                                             output_loading_info=True)
+    except UserError:
+        raise
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
         # a config whose values transformers cannot build a model from (read_config checks the common ones)
         raise UserError(f"cannot load the model in {path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}; "
                         "check its config.json and weights") from None
     except Exception as exc:  # huggingface_hub's config validation errors derive from Exception only
         raise weights_error(path, exc) from None
+    # an embedding model's pooler (BERT's next-sentence head input) is never run: checkpoints saved without it lose
+    # nothing (a classifier's head does run it); any other weight the checkpoint lacks would be random in the artifact
+    missing = sorted(k for k in loading.get("missing_keys") or ()
+                     if not (cls is transformers.AutoModel and ".pooler." in f".{k}"))
+    if missing:
+        more = f" and {len(missing) - 1} more" if missing[1:] else ""
+        raise UserError(f"{path} has no weights for {missing[0]}{more}, which its config.json asks for "
+                        "(transformers would fill them with random values); use the "
+                        "config.json saved with the weights, or a complete checkpoint")
     return model.eval()
+
+
+def checkpoint_elements(path: Path) -> int | None:
+    """How many numbers a folder's weights files hold at most, from the safetensors headers (read alone, not the
+    tensors) or a pytorch_model.bin's tensors (memory-mapped, read with ``weights_only``: a pickle of more than
+    tensors is refused here, nothing in it run); None: no weights file."""
+    import struct
+
+    files = sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")])
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        if file.suffix == ".bin":
+            total += _pickled_elements(path, file)
+            continue
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < size <= 100 << 20:  # safetensors' own bound on its header
+                return total + file.stat().st_size  # damaged: from_pretrained says so
+            try:
+                header = json.loads(fh.read(size))
+            except ValueError:
+                return total + file.stat().st_size
+        for name, entry in header.items() if isinstance(header, dict) else ():
+            shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" else None
+            if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+                count = 1
+                for dim in shape:
+                    count *= dim
+                total += count
+    return total
+
+
+def _pickled_elements(path: Path, file: Path) -> int:
+    import pickle
+
+    import torch
+
+    try:
+        try:
+            state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped: read, as from_pretrained will
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise weights_error(path, exc) from None
+    except (RuntimeError, OSError, ValueError, EOFError):  # damaged: from_pretrained says how; bound it by its size
+        return file.stat().st_size
+    return sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor)) if isinstance(state, dict) else 0
 
 
 def weights_error(path: Path, exc: Exception) -> UserError:
