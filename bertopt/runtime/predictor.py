@@ -23,6 +23,7 @@ token outputs by joining the windows. Text pairs (rerank) are never chunked: ove
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -72,6 +73,79 @@ def check_texts(texts: Sequence[Any], pairs: Sequence[Any] | None = None, name: 
 
 # tokenizer.json files run to tens of megabytes (large multilingual vocabularies); far larger is not one
 MAX_TOKENIZER_BYTES = 512 << 20
+# how many times longer a tokenizer's normalizer may make a text: Unicode normalisation and the Replace steps real
+# tokenizers carry (spaces to "▁", runs of spaces to one) stay near 1; five Replace steps each turning a character
+# into ten made every character 100,000 (a 2 KB tokenizer.json: 200 s and 4.5 GB for export's check texts)
+MAX_NORMALIZER_GROWTH = 64
+
+
+class GuardedTokenizer:
+    """A ``tokenizers.Tokenizer`` whose Rust panics (a pattern that exceeds the regex engine's limits on some text:
+    ``pyo3_runtime.PanicException``, a BaseException no ``except Exception`` sees) are a UserError naming the
+    texts, so a request gets an error reply and a command one line, not a traceback or a dead server."""
+
+    __slots__ = ("_tok",)
+
+    def __init__(self, tok):
+        object.__setattr__(self, "_tok", tok)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def encode(self, *args, **kwargs):
+        return _unpanicked(self._tok.encode, args, kwargs)
+
+    def encode_batch(self, *args, **kwargs):
+        return _unpanicked(self._tok.encode_batch, args, kwargs)
+
+
+def _unpanicked(method, args, kwargs):
+    try:
+        return method(*args, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(f"the model's tokenizer failed on this text ({reason}): its tokenizer.json holds a pattern "
+                        "or normalizer that cannot handle it; re-export the model with its original "
+                        "tokenizer") from None
+
+
+# a group holding a quantifier, itself quantified ("(a+)+"): the regex engine backtracks exponentially on a text that
+# almost matches, until it gives up (its retry limit) by panicking: 0.25 s of CPU a text, then a failed request
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
+
+
+def backtracking_patterns(spec: Any) -> list[str]:
+    """The regular expressions of a tokenizer.json (normalizer Replace, pre-tokenizer Split) that nest quantifiers."""
+    found, stack = [], [spec]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            regex = item.get("Regex")
+            if isinstance(regex, str) and _NESTED_QUANTIFIER.search(regex):
+                found.append(regex)
+            stack.extend(v for k, v in item.items() if k != "model")  # the vocabulary holds no patterns
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def normalizer_growth(spec: Any) -> float:
+    """How many times longer a tokenizer.json's ``normalizer`` can make a text, at most (Replace steps: content
+    over the shortest match; a Sequence multiplies its steps')."""
+    if not isinstance(spec, dict):
+        return 1.0
+    if spec.get("type") == "Sequence":
+        growth = 1.0
+        for step in spec.get("normalizers") or []:
+            growth *= normalizer_growth(step)
+        return growth
+    if spec.get("type") == "Replace":
+        pattern = spec.get("pattern") or {}
+        matched = len(pattern.get("String") or "") if isinstance(pattern, dict) else 0
+        return max(1.0, len(str(spec.get("content") or "")) / max(1, matched))
+    return 1.0
 
 
 def read_tokenizer_json(file: Path, shown_as: Path | None = None):
@@ -86,19 +160,33 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
     data = read_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES, fix=fix, shown_as=shown,
                              too_large="too large for a tokenizer")
     try:
-        return Tokenizer.from_str(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        tok = Tokenizer.from_str(text)
     except UnicodeDecodeError:
         raise UserError(f"{shown} is not UTF-8 text, so not a tokenizer.json; {fix}") from None
     except Exception as exc:  # the tokenizers library raises plain Exception for any file it cannot read
         reason = " ".join(str(exc).split())[:160]
         raise UserError(f"{shown} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None
+    import json
+
+    spec = json.loads(text)  # it parsed: the JSON is an object
+    nested = backtracking_patterns({k: spec.get(k) for k in ("normalizer", "pre_tokenizer")})
+    if nested:
+        raise UserError(f"{shown}: its pattern {nested[0]!r:.80} nests quantifiers (a repeated group that itself "
+                        "repeats), which backtracks without end on some texts; write the pattern without nesting, "
+                        f"or {fix}")
+    growth = normalizer_growth(spec.get("normalizer"))
+    if growth > MAX_NORMALIZER_GROWTH:
+        raise UserError(f"{shown}: its normalizer can make a text {growth:,.0f} times longer (Replace steps that "
+                        f"lengthen what they match), more than the {MAX_NORMALIZER_GROWTH} a tokenizer needs; {fix}")
+    return GuardedTokenizer(tok)
 
 
 def read_tokenizer_json_str(text: str):
     """A copy of a tokenizer already read (``Tokenizer.to_str()``), to set other truncation on."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(text)
+    return GuardedTokenizer(Tokenizer.from_str(text))
 
 
 def load_tokenizer(tokenizer_dir: Path, max_seq_len: int):

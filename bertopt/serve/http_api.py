@@ -105,7 +105,7 @@ class RequestHandling:
 
     def __init__(self, front, facts: dict[str, Any] | None = None):
         """``facts``: the served model this instance answers for (default: the front end's first)."""
-        from tokenizers import Tokenizer
+        from bertopt.runtime.predictor import read_tokenizer_json
 
         self.front = front
         self.cfg = front.cfg
@@ -116,7 +116,7 @@ class RequestHandling:
         self.model_id = self.facts.get("name") or Path(self.facts["artifact"]).name
         self.created = int(time.time())
         # counts tokens without truncating, so an over-long input is seen (and refused unless truncate)
-        self.tokenizer = Tokenizer.from_file(str(Path(self.facts["tokenizer"]) / "tokenizer.json"))
+        self.tokenizer = read_tokenizer_json(Path(self.facts["tokenizer"]) / "tokenizer.json")
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -655,6 +655,8 @@ def build_app(front):
                 response = result if isinstance(result, Response) else _json(result)
             except Problem as p:
                 response = error_response(style, p)
+            except UserError as exc:  # what the request's input made the runtime refuse (a text its tokenizer fails on)
+                response = error_response(style, Problem(400 if style == OPENAI else 422, str(exc)))
             except ClientDisconnect:  # the client went away: nothing to answer, nothing broken
                 log.info("HTTP %s: the client disconnected before its answer", route)
                 response = error_response(style, Problem(CLIENT_CLOSED, "client closed the connection"))

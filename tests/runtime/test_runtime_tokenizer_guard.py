@@ -1,0 +1,91 @@
+"""A model folder's tokenizer.json is user input that runs on every text: one whose normalizer multiplies a text's
+length, or whose pattern backtracks without end, is refused where it is read; a text that still makes the Rust
+tokenizer panic (pyo3's PanicException, a BaseException) is a UserError naming it, in a command and in a served
+request, not a traceback or a dead worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertopt.errors import UserError
+from bertopt.runtime.predictor import Predictor, read_tokenizer_json
+
+# a pattern that passes the nested-quantifier check but still exhausts the regex engine's retry limit on this text
+PANICKING_SPLIT = "(a|a)*$"
+PANICKING_TEXT = "a" * 40 + "!"
+
+
+def _with_tokenizer(tiny_hf: Path, dest: Path, edit) -> Path:
+    shutil.copytree(tiny_hf, dest)
+    file = dest / "tokenizer.json"
+    spec = json.loads(file.read_text())
+    edit(spec)
+    file.write_text(json.dumps(spec))
+    return dest
+
+
+def _split_first(pattern: str):
+    def edit(spec):
+        split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+        spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, spec["pre_tokenizer"]]}
+    return edit
+
+
+def _replace_steps(steps: int, content: str = "abcdefghij"):
+    def edit(spec):
+        spec["normalizer"] = {"type": "Sequence", "normalizers": [spec["normalizer"]] + [
+            {"type": "Replace", "pattern": {"Regex": "."}, "content": content}] * steps}
+    return edit
+
+
+def test_a_normalizer_that_multiplies_text_is_refused(tiny_hf, tmp_path):
+    # five Replace steps each turning a character into ten: 100,000 characters each (export's check texts took
+    # 200 s and 4.5 GB); one such step (10x) is a tokenizer's own business
+    folder = _with_tokenizer(tiny_hf, tmp_path / "m5", _replace_steps(5))
+    with pytest.raises(UserError, match="its normalizer can make a text 100,000 times longer"):
+        read_tokenizer_json(folder / "tokenizer.json")
+    read_tokenizer_json(_with_tokenizer(tiny_hf, tmp_path / "m1", _replace_steps(1)) / "tokenizer.json")
+
+
+def test_a_pattern_that_nests_quantifiers_is_refused(tiny_hf, tmp_path):
+    folder = _with_tokenizer(tiny_hf, tmp_path / "m", _split_first("(a+)+$"))
+    with pytest.raises(UserError, match=r"its pattern '\(a\+\)\+\$' nests quantifiers"):
+        read_tokenizer_json(folder / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def panicking_artifact(tiny_hf, tmp_path_factory):
+    from bertopt.registry import run_stage
+
+    root = tmp_path_factory.mktemp("panicking")
+    folder = _with_tokenizer(tiny_hf, root / "hf", _split_first(PANICKING_SPLIT))
+    return run_stage("export", str(folder), {}, root / "art")
+
+
+def test_a_text_that_panics_the_tokenizer_is_a_user_error_and_the_predictor_goes_on(panicking_artifact):
+    predictor = Predictor(panicking_artifact)
+    with pytest.raises(UserError, match=r"the model's tokenizer failed on this text \(.*retry-limit"):
+        predictor.encode(["fine", PANICKING_TEXT])
+    assert predictor.encode(["fine"]).shape == (1, predictor.embedding_dim)
+
+
+def test_validate_on_such_a_text_exits_2_with_its_line_last(panicking_artifact, tmp_path):
+    data = tmp_path / "texts.txt"
+    data.write_text(f"a fine text\n{PANICKING_TEXT}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "bertopt.cli", "validate", str(panicking_artifact.path), "--data",
+                           str(data), "--no-latency", "--report-dir", str(tmp_path / "r")], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    # Rust's own panic message goes to stderr before Python sees the panic; what follows is the one line
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the model's tokenizer failed on this text"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
