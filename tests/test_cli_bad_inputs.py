@@ -363,6 +363,16 @@ def _hf_weights_without(c: Ctx, dropped: str, **config) -> Path:
     return folder
 
 
+def _hf_slow_tokenizer(c: Ctx, files: dict[str, str]) -> Path:
+    """The tiny model folder without tokenizer.json, its tokenizer to be built from ``files`` (name -> text)."""
+    folder = _hf_copy(c)
+    (folder / "tokenizer.json").unlink()
+    (folder / "vocab.txt").unlink()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
 def _classifier_config(**values):
     """An edit making config.json a sequence classifier's, with ``values`` set."""
     def edit(m):
@@ -756,6 +766,12 @@ CASES = {
     "export: num_hidden_layers 200,000 (minutes building layers)": lambda c: (
         ["export", _hf_edited(c, "config.json", _set("num_hidden_layers", 200_000)), "--out", c.tmp / "a"],
         "'num_hidden_layers' is 200,000, more than the 256", [c.tmp / "a"]),
+    "export: an empty vocab.txt to build the tokenizer from (a traceback)": lambda c: (
+        ["export", _hf_slow_tokenizer(c, {"vocab.txt": ""}), "--out", c.tmp / "a"],
+        "vocab.txt (TypeError: sep_token not found in the vocabulary); save the tokenizer again", [c.tmp / "a"]),
+    "export: vocab.json and merges.txt without </s> (a traceback)": lambda c: (
+        ["export", _hf_slow_tokenizer(c, {"vocab.json": '{"a": 0, "b": 1, "ab": 2}', "merges.txt": "a b\n"}),
+         "--out", c.tmp / "a"], "merges.txt (KeyError: '</s>'); save the tokenizer again", [c.tmp / "a"]),
     "export: sentence_bert_config.json not JSON": lambda c: (
         ["export", _hf_edited(c, "sentence_bert_config.json", lambda m: "{bad"), "--out", c.tmp / "a"],
         "cannot read", [c.tmp / "a"]),

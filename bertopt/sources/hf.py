@@ -335,11 +335,24 @@ def build_tokenizer_json(src: Path, fam):
     tok_cfg = {}
     if (src / "tokenizer_config.json").exists():
         tok_cfg = _json_file(src / "tokenizer_config.json", "re-save the tokenizer")
-    if (src / "vocab.txt").exists():
-        return build_wordpiece_tokenizer(src / "vocab.txt", tok_cfg.get("do_lower_case", True))
-    if (src / "vocab.json").exists() and (src / "merges.txt").exists():
-        return build_bytelevel_bpe_tokenizer(src / "vocab.json", src / "merges.txt",
-                                             add_prefix_space=tok_cfg.get("add_prefix_space", False))
+    flags = {key: tok_cfg.get(key, default) for key, default in (("do_lower_case", True),
+                                                                  ("add_prefix_space", False))}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise UserError(f"{src / 'tokenizer_config.json'}: '{key}' must be true or false, got {value!r:.40}; "
+                            "re-save the tokenizer")
+    for files, build in ((("vocab.txt",), lambda: build_wordpiece_tokenizer(src / "vocab.txt",
+                                                                             flags["do_lower_case"])),
+                         (("vocab.json", "merges.txt"), lambda: build_bytelevel_bpe_tokenizer(
+                             src / "vocab.json", src / "merges.txt", add_prefix_space=flags["add_prefix_space"]))):
+        if all((src / name).exists() for name in files):
+            try:
+                return build()
+            except Exception as exc:  # the tokenizers library raises plain Exception (and KeyError, TypeError)
+                reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+                raise UserError(f"cannot build a tokenizer from {' + '.join(str(src / n) for n in files)} "
+                                f"({type(exc).__name__}: {reason}); save the tokenizer again with the model "
+                                "(tokenizer.save_pretrained writes tokenizer.json)") from None
     for name in ("spm.model", "sentencepiece.bpe.model"):
         if (src / name).exists():
             return _convert_sentencepiece(src)
