@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             code = _run(argv)
         finally:
+            if argv is None and code is not None and code not in (130, 143) and not INTERRUPTED.is_set():
+                # the process's own command (not a caller's in-process one) is done and its output in place: an
+                # interrupt from here on, while the interpreter shuts down, would land in a library's exit hook
+                # (torch's: a KeyboardInterrupt traceback, exit still 0) or end the finished run as 130
+                previous = previous_int = signal.SIG_IGN
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
             if previous_int is not None:

@@ -269,6 +269,30 @@ def test_an_interrupt_during_a_finalizer_lets_it_finish_then_exits_130(tiny_onnx
     assert sorted(p.name for p in work.iterdir()) == []
 
 
+# an interrupt once the command is done and its output written, while the interpreter shuts down: it landed in a
+# library's exit hook (torch's dump_compile_times: "Exception ignored in atexit callback" and a KeyboardInterrupt
+# traceback, exit 0) or ended the finished run as 130, sometimes with no line at all
+INTERRUPT_AT_EXIT = """
+import atexit, os, signal
+
+def interrupted_at_exit():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100_000):
+        pass
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit-hook-whole"), "w").close()
+
+atexit.register(interrupted_at_exit)
+"""
+
+
+def test_an_interrupt_after_the_command_is_done_changes_nothing(tiny_onnx, tmp_path):
+    proc, site, work = _validate_with_site(tiny_onnx, tmp_path, {"sitecustomize.py": INTERRUPT_AT_EXIT})
+    assert (site / "exit-hook-whole").is_file()  # the exit hook ran to its end
+    assert proc.returncode == 0 and "gate PASSED" in proc.stdout, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "", proc.stderr[-2000:]
+    assert (work / "r" / "validation.json").is_file()
+
+
 def test_sigint_during_run_exits_130_before_its_gate(tiny_hf, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nmodel: {tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: int8-static, "
