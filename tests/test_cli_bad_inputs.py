@@ -763,6 +763,9 @@ CASES = {
     "export: weights without one bias (a random one in the artifact, exit 0)": lambda c: (
         ["export", _hf_weights_without(c, "layer.0.attention.self.query.bias"), "--out", c.tmp / "a"],
         "has no weights for encoder.layer.0.attention.self.query.bias, which its config.json asks for", [c.tmp / "a"]),
+    "export: config.json hidden_size 64 over 32-wide weights (said 'look at the above report', with none)": lambda c: (
+        ["export", _hf_edited(c, "config.json", _set("hidden_size", 64)), "--out", c.tmp / "a"],
+        "the weights hold embeddings.word_embeddings.weight as [", [c.tmp / "a"]),
     "export: num_hidden_layers 200,000 (minutes building layers)": lambda c: (
         ["export", _hf_edited(c, "config.json", _set("num_hidden_layers", 200_000)), "--out", c.tmp / "a"],
         "'num_hidden_layers' is 200,000, more than the 256", [c.tmp / "a"]),

@@ -415,12 +415,7 @@ def load_torch_model(path: Path, info: dict[str, Any]):
         # vocab_size 20,000,000 without the embeddings wrote a 2.5 GB artifact of random numbers (exit 0)
         with torch.device("meta"):
             meta = cls.from_config(transformers.AutoConfig.from_pretrained(str(path)), attn_implementation="eager")
-        needed = sum(p.numel() for p in meta.parameters())
-        held = checkpoint_elements(path)
-        if held is not None and needed > held + held // 20 + 4096:
-            raise UserError(f"{path}/config.json describes a model of {needed:,} weights, but its weights files "
-                            f"hold {held:,}: the config does not match the weights (sizes such as "
-                            "num_hidden_layers, vocab_size, hidden_size); use the config.json saved with them")
+        _check_against_checkpoint(Path(path), meta)
         # eager attention exports to the graph ONNX Runtime's BERT fusions recognise (SDPA does not fuse)
         model, loading = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32,
                                              output_loading_info=True)
@@ -444,40 +439,65 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     return model.eval()
 
 
-def checkpoint_elements(path: Path) -> int | None:
-    """How many numbers a folder's weights files hold at most, from the safetensors headers (read alone, not the
-    tensors) or a pytorch_model.bin's tensors (memory-mapped, read with ``weights_only``: a pickle of more than
-    tensors is refused here, nothing in it run); None: no weights file."""
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's shape in a folder's weights files, from the safetensors headers (read alone, not the tensors)
+    or a pytorch_model.bin (memory-mapped, read with ``weights_only``: a pickle of more than tensors is refused
+    here, nothing in it run); None: no weights file, or one too damaged to say (from_pretrained then says how)."""
     import struct
 
     files = sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")])
     if not files:
         return None
-    total = 0
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
         if file.suffix == ".bin":
-            total += _pickled_elements(path, file)
+            found = _pickled_shapes(path, file)
+            if found is None:
+                return None
+            shapes.update(found)
             continue
         with open(file, "rb") as fh:
             head = fh.read(8)
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
             if not 0 < size <= 100 << 20:  # safetensors' own bound on its header
-                return total + file.stat().st_size  # damaged: from_pretrained says so
+                return None
             try:
                 header = json.loads(fh.read(size))
-            except ValueError:
-                return total + file.stat().st_size
+            except (ValueError, RecursionError):
+                return None
         for name, entry in header.items() if isinstance(header, dict) else ():
             shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" else None
             if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
-                count = 1
-                for dim in shape:
-                    count *= dim
-                total += count
-    return total
+                shapes[name] = tuple(shape)
+    return shapes
 
 
-def _pickled_elements(path: Path, file: Path) -> int:
+def _check_against_checkpoint(path: Path, meta) -> None:
+    """The model config.json describes (built on the meta device: no memory) against the tensors its weights files
+    hold: a tensor of another shape is named with both shapes, and a model far larger than what the files hold is
+    refused before transformers allocates it (filling what is missing with random numbers)."""
+    import math
+
+    shapes = checkpoint_shapes(path)
+    if shapes is None:
+        return
+    prefix = getattr(meta, "base_model_prefix", "") or ""
+    for name, param in meta.state_dict().items():
+        for key in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")):
+            if key in shapes:
+                if shapes[key] != tuple(param.shape):
+                    raise UserError(f"{path}: the weights hold {key} as {list(shapes[key])}, but config.json "
+                                    f"describes it as {list(param.shape)}; use the config.json saved with the weights")
+                break
+    needed = sum(p.numel() for p in meta.parameters())
+    held = sum(math.prod(shape) for shape in shapes.values())
+    if needed > held + held // 20 + 4096:
+        raise UserError(f"{path}/config.json describes a model of {needed:,} weights, but its weights files hold "
+                        f"{held:,}: the config does not match the weights (sizes such as num_hidden_layers, "
+                        "vocab_size, hidden_size); use the config.json saved with them")
+
+
+def _pickled_shapes(path: Path, file: Path) -> dict[str, tuple[int, ...]] | None:
     import pickle
 
     import torch
@@ -489,9 +509,11 @@ def _pickled_elements(path: Path, file: Path) -> int:
             state = torch.load(str(file), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise weights_error(path, exc) from None
-    except (RuntimeError, OSError, ValueError, EOFError):  # damaged: from_pretrained says how; bound it by its size
-        return file.stat().st_size
-    return sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor)) if isinstance(state, dict) else 0
+    except (RuntimeError, OSError, ValueError, EOFError):  # damaged: from_pretrained says how
+        return None
+    if not isinstance(state, dict):
+        return None
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def weights_error(path: Path, exc: Exception) -> UserError:
