@@ -55,6 +55,11 @@ def _json_file(file: Path, fix: str, kind: type = dict, root: Path | None = None
     return data
 
 
+def _whole(value: Any, low: int = 1, high: int | None = None) -> bool:
+    """Whether a JSON value is a whole number (not a bool) from ``low`` to ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+
+
 MAX_DENSE_FEATURES = 1 << 16  # a Dense module's widths (real ones: 256-4096)
 MAX_LAYERS = 256  # encoder layers (BERT-large: 24; the deepest BERT-family checkpoints: 48)
 # config.json values that size the model: transformers fails deep inside (negative tensor sizes, modulo by zero)
@@ -67,10 +72,10 @@ def read_config(path: Path) -> dict[str, Any]:
     config = _json_file(file, "is this a Hugging Face model folder?")
     for key in _SIZES:
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not _whole(value):
             raise UserError(f"{file}: '{key}' must be a positive whole number, got {value!r}; fix the config")
     layers = _config_value(config, "num_hidden_layers")
-    if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+    if _whole(layers) and layers > MAX_LAYERS:
         # each layer is a module transformers builds before any weight is read (200,000 ran for minutes)
         raise UserError(f"{file}: 'num_hidden_layers' is {layers:,}, more than the {MAX_LAYERS} an encoder of "
                         "this kind has; fix the config")
@@ -86,8 +91,7 @@ def read_config(path: Path) -> dict[str, Any]:
             raise UserError(f"{file}: a cross-encoder's activation must be a class name such as "
                             f"torch.nn.modules.activation.Sigmoid, got {act!r:.60}; fix the config")
     labels = config.get("num_labels")
-    if labels is not None and (isinstance(labels, bool) or not isinstance(labels, int) or
-                               not 1 <= labels <= MAX_LABELS):
+    if labels is not None and not _whole(labels, 1, MAX_LABELS):
         raise UserError(f"{file}: 'num_labels' must be a whole number from 1 to {MAX_LABELS:,}, got {labels!r:.40}; "
                         "fix the config (the classifier head's outputs)")
     for key in ("id2label", "label2id"):
@@ -162,7 +166,7 @@ def _dense_info(path: Path, module: dict[str, Any]) -> dict[str, Any]:
     where = path / module.get("path", "") / "config.json"
     for key in ("in_features", "out_features"):  # checked against the weights' shape as they load (_load_dense)
         value = cfg.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DENSE_FEATURES:
+        if not _whole(value, 1, MAX_DENSE_FEATURES):
             raise UserError(f"{where}: '{key}' must be a whole number from 1 to {MAX_DENSE_FEATURES:,}, got "
                             f"{value!r:.40}; re-save the Dense module")
     if not isinstance(cfg.get("bias", True), bool):
@@ -407,7 +411,7 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     # bertopt shows its own progress; transformers' per-load bars and advisories only add noise
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    for weights in sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")]):
+    for weights in weights_files(path):
         check_source_file(path, weights, "replace it with the weights file itself")
     try:
         # what config.json asks for, weighed on the meta device (no memory) before anything is allocated:
@@ -439,13 +443,18 @@ def load_torch_model(path: Path, info: dict[str, Any]):
     return model.eval()
 
 
+def weights_files(path: Path) -> list[Path]:
+    """A Hugging Face folder's weights files (safetensors, shards included, and pickles)."""
+    return sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")])
+
+
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
     """Each tensor's shape in a folder's weights files, from the safetensors headers (read alone, not the tensors)
     or a pytorch_model.bin (memory-mapped, read with ``weights_only``: a pickle of more than tensors is refused
     here, nothing in it run); None: no weights file, or one too damaged to say (from_pretrained then says how)."""
     import struct
 
-    files = sorted([*Path(path).glob("*.safetensors"), *Path(path).glob("*.bin")])
+    files = weights_files(path)
     if not files:
         return None
     shapes: dict[str, tuple[int, ...]] = {}
@@ -467,7 +476,7 @@ def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
                 return None
         for name, entry in header.items() if isinstance(header, dict) else ():
             shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" else None
-            if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            if isinstance(shape, list) and all(_whole(d, 0) for d in shape):
                 shapes[name] = tuple(shape)
     return shapes
 
