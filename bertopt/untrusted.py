@@ -9,6 +9,9 @@ words (its limit, its fix).
 * ``read_user_file`` / ``load_yaml_bounded``: a small file the user names (a recipe, a fleet file) read as a regular
   file with a size bound (a FIFO or ``/dev/zero`` never hangs the reader), and YAML whose aliases could expand to
   billions of values ("billion laughs") measured before it is built.
+* ``precompiled_charsmap_growth``: a SentencePiece normalizer's compiled character map (in a ``.model`` file or a
+  tokenizer.json) read as bytes: its declared trie size fits the blob (the tokenizers library allocates what a
+  malformed one declares, 8.6 GB, then aborts the process or panics), and how much longer it can make a text.
 """
 
 from __future__ import annotations
@@ -172,3 +175,17 @@ def _check_expanded_size(root, where: str, what: str) -> None:
         on_path.add(key)
         stack.append((node, depth, True))
         stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+
+
+def precompiled_charsmap_growth(blob: bytes) -> float:
+    """How many times longer a SentencePiece ``precompiled_charsmap`` can make a text (its longest replacement, in
+    characters: the trie matches one or more characters and writes one replacement for them), or ValueError when
+    it is not one: a little-endian u32 trie size in bytes (whole u32 units), the trie, then the NUL-separated
+    replacements. Real ones (nmt_nfkc) reach 18: U+FDFA is an 18-character phrase."""
+    if len(blob) < 4:
+        raise ValueError(f"{len(blob)} bytes, too short for a character map")
+    trie_size = int.from_bytes(blob[:4], "little")
+    if trie_size % 4 or 4 + trie_size > len(blob):
+        raise ValueError(f"it declares a trie of {trie_size:,} bytes in a map of {len(blob):,}")
+    replacements = blob[4 + trie_size:].split(b"\0")
+    return float(max([1, *(len(r.decode("utf-8", "replace")) for r in replacements)]))

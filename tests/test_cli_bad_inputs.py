@@ -373,6 +373,111 @@ def _hf_slow_tokenizer(c: Ctx, files: dict[str, str]) -> Path:
     return folder
 
 
+def _xlmr(c: Ctx, name: str = "xlmr") -> Path:
+    """A tiny XLM-RoBERTa folder (a SentencePiece Unigram tokenizer, tokenizer.json)."""
+    from bertopt.tiny_models import build_tiny_family_model
+
+    return build_tiny_family_model(c.tmp / name, "xlm-roberta", "embedding")
+
+
+def _sentencepiece_model(rules: dict[str, str] | None = None) -> bytes:
+    """A real SentencePiece .model trained on the built-in corpus; ``rules``: extra normalisation (a character to
+    its replacement), compiled by sentencepiece's own trainer into the model's precompiled_charsmap."""
+    import io
+    import tempfile
+
+    import sentencepiece as spm
+
+    from bertopt.data import corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = {}
+        if rules:
+            tsv = Path(tmp) / "rules.tsv"
+            tsv.write_text("".join(f"{ord(k):X}\t{' '.join(f'{ord(ch):X}' for ch in v)}\n" for k, v in rules.items()))
+            extra["normalization_rule_tsv"] = str(tsv)
+        buf = io.BytesIO()
+        # with rules, trained on digits they leave alone: trained on letters that each become 10,000, it ran for minutes
+        texts = ["0123456789 9876543210 1 22 333"] * 20 if rules else corpus()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=300,
+                                       model_type="unigram", minloglevel=2, hard_vocab_limit=False, **extra)
+    return buf.getvalue()
+
+
+def _charsmap(rules: dict[str, str]) -> str:
+    """The base64 precompiled_charsmap a tokenizer.json's Precompiled normalizer holds, for ``rules``."""
+    import base64
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(_sentencepiece_model(rules))
+    return base64.b64encode(model.normalizer_spec.precompiled_charsmap).decode()
+
+
+def _xlmr_normalizer(c: Ctx, normalizer: dict) -> Path:
+    folder = _xlmr(c)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["normalizer"] = normalizer
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def _xlmr_unk_free(c: Ctx) -> Path:
+    folder = _xlmr(c)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["model"]["unk_id"] = None
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def _bad_trie_size(charsmap: bytes, size: int) -> bytes:
+    return size.to_bytes(4, "little") + charsmap[4:]
+
+
+def _xlmr_sentencepiece(c: Ctx, edit) -> Path:
+    """A tiny XLM-R folder whose tokenizer is a sentencepiece.bpe.model (no tokenizer.json): a real one trained on the
+    built-in corpus, through ``edit(bytes) -> bytes``."""
+    folder = _xlmr(c)
+    (folder / "tokenizer.json").unlink()
+    (folder / "sentencepiece.bpe.model").write_bytes(edit(_sentencepiece_model()))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "XLMRobertaTokenizer"}))
+    return folder
+
+
+def _with_charsmap_size(size: int):
+    def edit(data: bytes) -> bytes:
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(data)
+        model.normalizer_spec.precompiled_charsmap = _bad_trie_size(model.normalizer_spec.precompiled_charsmap, size)
+        return model.SerializeToString()
+    return edit
+
+
+def _tokenizer_edit(c: Ctx, edit) -> Path:
+    """The tiny BERT folder whose tokenizer.json went through ``edit(data)`` (in place)."""
+    def apply(data):
+        edit(data)
+        return data
+    return _hf_edited(c, "tokenizer.json", apply)
+
+
+def _sparse_id(data):
+    vocab = data["model"]["vocab"]
+    vocab[sorted(vocab, key=vocab.get)[-1]] = 5000  # as many tokens as rows, one of them numbered past the table
+
+
+def _growing_chain(data):
+    # a Replace of growth 1 (a letter by U+FDFA) before each NFKC step, which makes U+FDFA 18 characters
+    steps = [{"type": "Replace", "pattern": {"String": "a"}, "content": "\u0644"}]
+    for _ in range(6):
+        steps += [{"type": "Replace", "pattern": {"String": "\u0644"}, "content": "\ufdfa"}, {"type": "NFKC"}]
+    data["normalizer"] = {"type": "Sequence", "normalizers": steps}
+
+
 def _classifier_config(**values):
     """An edit making config.json a sequence classifier's, with ``values`` set."""
     def edit(m):
@@ -944,6 +1049,52 @@ CASES = {
     "serve: a fleet file asking 100000 workers": lambda c: (
         ["serve", "--models", _fleet_file(c, "workers: 100000")], "'workers' must be a whole number from 1 to 256",
         []),
+    # tokenizers (hunt 23): SentencePiece character maps, normalizers, ids past the table, no unknown token
+    "export: a charsmap making each letter 10,000 (64 s and 6.7 GB, exit 0)": lambda c: (
+        ["export", _xlmr_normalizer(c, {"type": "Precompiled", "precompiled_charsmap": _charsmap(
+            {chr(x): "x" * 10_000 for x in range(ord("a"), ord("z") + 1)})}), "--out", c.tmp / "a"],
+        "its normalizer can make a text 10,000 times longer", [c.tmp / "a"]),
+    "export: a Replace before each of six NFKC steps (measured 1x, 66,000x)": lambda c: (
+        ["export", _tokenizer_edit(c, _growing_chain), "--out", c.tmp / "a"],
+        "its normalizer can make a text 34,012,224 times longer", [c.tmp / "a"]),
+    "export: NFKC then a charsmap of 18 per letter (U+3389 is 'kcal': 72)": lambda c: (
+        ["export", _xlmr_normalizer(c, {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {
+            "type": "Precompiled", "precompiled_charsmap": _charsmap(
+                {chr(x): "x" * 18 for x in range(ord("a"), ord("z") + 1)})}]}), "--out", c.tmp / "a"],
+        "its normalizer makes the character U+", [c.tmp / "a"]),
+    "export: a charsmap declaring a 4 GB trie (8.6 GB asked, then abort)": lambda c: (
+        ["export", _xlmr_normalizer(c, {"type": "Precompiled", "precompiled_charsmap": __import__("base64").b64encode(
+            _bad_trie_size(__import__("base64").b64decode(_charsmap({})), 0xFFFFFFF0)).decode()}),
+         "--out", c.tmp / "a"],
+        "precompiled_charsmap is not a SentencePiece character map (it declares a trie of 4,294,967,280 bytes",
+        [c.tmp / "a"]),
+    "export: a charsmap cut short (a Rust panic traceback)": lambda c: (
+        ["export", _xlmr_normalizer(c, {"type": "Precompiled", "precompiled_charsmap": __import__("base64").b64encode(
+            __import__("base64").b64decode(_charsmap({}))[:1000]).decode()}), "--out", c.tmp / "a"],
+        "precompiled_charsmap is not a SentencePiece character map", [c.tmp / "a"]),
+    "export: an empty sentencepiece.bpe.model (every word <unk>, gate passed)": lambda c: (
+        ["export", _xlmr_sentencepiece(c, lambda data: b""), "--out", c.tmp / "a"],
+        "sentencepiece.bpe.model holds no pieces, so every word would be an unknown token", [c.tmp / "a"]),
+    "export: a sentencepiece.bpe.model cut in half (advice to install tiktoken)": lambda c: (
+        ["export", _xlmr_sentencepiece(c, lambda data: data[:len(data) // 2]), "--out", c.tmp / "a"],
+        "sentencepiece.bpe.model is not a SentencePiece model (truncated or damaged?)", [c.tmp / "a"]),
+    "export: a sentencepiece.bpe.model whose charsmap declares 4 GB (abort)": lambda c: (
+        ["export", _xlmr_sentencepiece(c, _with_charsmap_size(0xFFFFFFF0)), "--out", c.tmp / "a"],
+        "its normalizer_spec character map is not one (it declares a trie of 4,294,967,280 bytes", [c.tmp / "a"]),
+    "export: a token numbered past the embedding table (exported, failed on it)": lambda c: (
+        ["export", _tokenizer_edit(c, _sparse_id), "--out", c.tmp / "a"],
+        "the id 5000, but the model's embedding table has", [c.tmp / "a"]),
+    "export: a post-processor [SEP] numbered past the table": lambda c: (
+        ["export", _tokenizer_edit(c, lambda d: d["post_processor"].update(sep=["[SEP]", 99999])),
+         "--out", c.tmp / "a"], "gives the post-processor's '[SEP]' the id 99999", [c.tmp / "a"]),
+    "export: a WordPiece whose [UNK] is not in its vocabulary (traceback on new words)": lambda c: (
+        ["export", _tokenizer_edit(c, lambda d: d["model"].update(unk_token="[NOPE]")), "--out", c.tmp / "a"],
+        "cannot encode text outside its vocabulary (WordPiece error: Missing [UNK] token from the vocabulary)",
+        [c.tmp / "a"]),
+    "export: a Unigram without unk_id (traceback on new words)": lambda c: (
+        ["export", _xlmr_unk_free(c), "--out", c.tmp / "a"],
+        "cannot encode text outside its vocabulary (Encountered an unknown token but `unk_id` is missing)",
+        [c.tmp / "a"]),
 }
 
 

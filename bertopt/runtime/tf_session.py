@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from bertopt.errors import UserError
+from bertopt.errors import ModelRunError, UserError
 from bertopt.model_handle import ModelHandle
 
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "AssignVariableOp",
@@ -91,8 +91,20 @@ class TFSession:
 
     def run(self, output_names, feeds):
         tensors = {n: tf.constant(np.asarray(feeds[n]), dtype=self._dtypes[n]) for n in self.input_names}
-        out = self._call(tensors, list(output_names))
+        try:
+            out = self._call(tensors, list(output_names))
+        except tf.errors.OpError as exc:  # the graph failed on these inputs (an id past its embedding table ...)
+            raise ModelRunError.of("the TensorFlow model", "TensorFlow", tf_reason(exc.message)) from None
         return [np.asarray(out[n].numpy(), dtype=np.float32) for n in output_names]
+
+
+def tf_reason(message: str) -> str:
+    """What went wrong, from a TensorFlow error: its message wraps the reason ("indices[0,1] = 10000000 is not in
+    [0, 65)") in where the node was defined (a Python stack) and the node's name."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    noise = ("Graph execution error", "Detected at node", "File ", "<stack traces", "[[")
+    reasons = [line for line in lines if not line.startswith(noise)]
+    return (reasons or lines or ["no reason given"])[-1]
 
 
 def configure_threads(threads: int | None) -> int:

@@ -76,9 +76,9 @@ def folder_name_problem(rel: object) -> str | None:
     return None
 
 
-def read_source_text(root: Path, file: Path, fix: str, max_bytes: int = 64 << 20) -> str:
-    """A model folder's text file (UTF-8), checked first (``check_source_file``) and read with a size bound; a
-    problem is one UserError naming the file and ``fix``."""
+def read_source_bytes(root: Path, file: Path, fix: str, max_bytes: int = 64 << 20) -> bytes:
+    """A model folder's file, checked first (``check_source_file``) and read with a size bound; a problem is one
+    UserError naming the file and ``fix``."""
     check_source_file(root, file, fix)
     try:
         with open(file, "rb") as fh:
@@ -87,6 +87,12 @@ def read_source_text(root: Path, file: Path, fix: str, max_bytes: int = 64 << 20
         raise UserError(f"cannot read {file} ({exc.strerror}); {fix}") from None
     if len(data) > max_bytes:
         raise UserError(f"{file} is larger than {max_bytes >> 20} MiB, too large for what it should be; {fix}")
+    return data
+
+
+def read_source_text(root: Path, file: Path, fix: str, max_bytes: int = 64 << 20) -> str:
+    """A model folder's text file (UTF-8), read as ``read_source_bytes`` does."""
+    data = read_source_bytes(root, file, fix, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

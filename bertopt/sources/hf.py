@@ -327,11 +327,57 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
 
     # read now (the copy: a regular file), so a tokenizer.json that is no tokenizer is named as the user's file
     tokenizer = read_tokenizer_json(dest / "tokenizer.json", shown_as=src / "tokenizer.json")
-    if vocab_size:
-        size = tokenizer.get_vocab_size(with_added_tokens=True)
-        if size > int(vocab_size):
-            raise UserError(f"the tokenizer in {src} has {size} tokens but the model's embedding table has "
-                            f"{vocab_size} rows; use the tokenizer the model was trained with")
+    check_tokenizer_fits(tokenizer, src, vocab_size)
+
+
+# text no vocabulary covers whole: a rare script, an emoji, a word longer than WordPiece's 100-character limit
+_UNCOVERED_TEXT = "the ¿ẞ 𝔘 ꙮ \U0001F9EA 龘 " + "x" * 120
+
+
+def check_tokenizer_fits(tokenizer, src: Path, vocab_size: int | None) -> None:
+    """A tokenizer that can encode any text, into ids the model's embedding table has rows for: its largest id
+    (not its count: a sparse id, or a vocab.txt with a line twice, passed a count within the table), the ids of
+    the special tokens its post-processor adds, and an unknown token for what its vocabulary lacks."""
+    from bertopt.runtime.predictor import TokenizerFailure
+
+    fix = "use the tokenizer the model was trained with"
+    try:
+        tokenizer.encode(_UNCOVERED_TEXT)
+    except TokenizerFailure as exc:  # the tokenizers library's own words on what it lacks
+        raise UserError(f"the tokenizer in {src} cannot encode text outside its vocabulary ({exc.reason}); "
+                        f"{fix}") from None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    if len(vocab) - len([t for t in tokenizer.get_added_tokens_decoder().values() if t.special]) < 1:
+        raise UserError(f"the tokenizer in {src} holds only special tokens, so every word would be unknown; {fix}")
+    if not vocab_size:
+        return
+    ids = [(token_id, repr(token)) for token, token_id in vocab.items()]
+    ids += [(token_id, f"the post-processor's {name!r}")
+            for name, token_id in _post_processor_ids(json.loads(tokenizer.to_str()).get("post_processor"))]
+    largest, which = max(ids)
+    if largest >= int(vocab_size):
+        raise UserError(f"the tokenizer in {src} gives {which} the id {largest}, but the model's embedding table has "
+                        f"{vocab_size} rows (ids 0-{int(vocab_size) - 1}); {fix}")
+
+
+def _post_processor_ids(spec: Any):
+    """(token, id) of every special token a tokenizer.json's post-processor inserts (TemplateProcessing's
+    ``special_tokens``, BertProcessing / RobertaProcessing's ``cls`` and ``sep`` pairs, a Sequence's steps')."""
+    stack = [spec]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key in ("cls", "sep"):
+                pair = item.get(key)
+                if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], int):
+                    yield str(pair[0]), pair[1]
+            specials = item.get("special_tokens")
+            for name, special in specials.items() if isinstance(specials, dict) else ():
+                ids = special.get("ids") if isinstance(special, dict) else None
+                yield from ((str(name), i) for i in ids or () if isinstance(i, int))
+            stack.append(item.get("processors"))
 
 
 def build_tokenizer_json(src: Path, fam):
@@ -384,17 +430,64 @@ def build_bytelevel_bpe_tokenizer(vocab_file: Path, merges_file: Path, add_prefi
 
 
 def _convert_sentencepiece(src: Path):
-    """SentencePiece models convert through transformers' converters (they need the sentencepiece package)."""
+    """SentencePiece models convert through transformers' converters (they need the sentencepiece package), after
+    the .model file is read here: an empty one parsed as a model of no pieces (every word became <unk>, and export
+    and validate passed), a damaged one sent transformers to its tiktoken reader, and a malformed character map
+    made the tokenizers library allocate 8.6 GB and abort the process."""
     require("sentencepiece", "torch", "converting a SentencePiece tokenizer")
     transformers = require("transformers", "torch", "converting a SentencePiece tokenizer")
     # transformers reads whatever files the folder's tokenizer config names: each must be the folder's own
     check_source_files(src, fix="replace it with the file itself")
+    for name in ("spm.model", "sentencepiece.bpe.model"):
+        if (src / name).exists():
+            check_sentencepiece_model(src, src / name)
+    import logging
+
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its fallback advice ("Falling back to TikToken") is not what is wrong
     try:
         # never the folder's own tokenizer code (auto_map): transformers would ask on stdin, and run it on "y"
         tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot convert the SentencePiece tokenizer in {src}: {str(exc).splitlines()[0]}") from None
+    except BaseException as exc:  # transformers' and the tokenizers library's errors are plain Exception or panics
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise UserError(f"cannot convert the SentencePiece tokenizer in {src} ({reason}); save the tokenizer again "
+                        "with the model (tokenizer.save_pretrained writes tokenizer.json)") from None
+    finally:
+        logger.setLevel(level)
     return tok.backend_tokenizer
+
+
+SENTENCEPIECE_MAX_BYTES = 64 << 20  # real ones are a few MB (XLM-R's 250,000 pieces: 5 MB)
+
+
+def check_sentencepiece_model(src: Path, file: Path) -> None:
+    """A SentencePiece ``.model`` file is a model of pieces, with character maps that are well formed."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    from bertopt.sources.files import read_source_bytes
+    from bertopt.untrusted import precompiled_charsmap_growth
+
+    fix = "save the tokenizer again with the model (tokenizer.save_pretrained writes tokenizer.json)"
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(read_source_bytes(src, file, fix, max_bytes=SENTENCEPIECE_MAX_BYTES))
+    except DecodeError:
+        raise UserError(f"{file} is not a SentencePiece model (truncated or damaged?); {fix}") from None
+    normal = sum(1 for piece in model.pieces if piece.type == piece.NORMAL)
+    if not normal:
+        only = f" ({len(model.pieces)} special ones only)" if model.pieces else ""
+        raise UserError(f"{file} holds no pieces{only}, so every word would be an unknown token; {fix}")
+    for spec in ("normalizer_spec", "denormalizer_spec"):
+        charsmap = getattr(model, spec).precompiled_charsmap
+        if charsmap:
+            try:
+                precompiled_charsmap_growth(charsmap)
+            except ValueError as exc:
+                raise UserError(f"{file}: its {spec} character map is not one ({exc}); {fix}") from None
 
 
 # -- the PyTorch model with its head and pipeline --------------------------------------------------------------

@@ -33,6 +33,34 @@ def _layer_norm_ops(x, gamma, beta, eps):
     return (x - mean) * tf.math.rsqrt(var + eps) * gamma + beta
 
 
+# each block's weights: (key in BertEncoder.blocks, Google name under layer_i/, the pair's two variables)
+_BLOCK_WEIGHTS = (("q", "attention/self/query", "/kernel", "/bias"),
+                  ("k", "attention/self/key", "/kernel", "/bias"),
+                  ("v", "attention/self/value", "/kernel", "/bias"),
+                  ("o", "attention/output/dense", "/kernel", "/bias"),
+                  ("ln1", "attention/output", "/LayerNorm/gamma", "/LayerNorm/beta"),
+                  ("i", "intermediate/dense", "/kernel", "/bias"), ("out", "output/dense", "/kernel", "/bias"),
+                  ("ln2", "output", "/LayerNorm/gamma", "/LayerNorm/beta"))
+
+
+def variable_shapes(vocab_size: int, hidden_size: int, num_hidden_layers: int, intermediate_size: int,
+                    max_position_embeddings: int, type_vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Every variable of a BERT encoder of these sizes, by Google name, in the order BertEncoder makes them: what a
+    checkpoint is held to before anything is allocated."""
+    h, inter = hidden_size, intermediate_size
+    emb = "bert/embeddings/"
+    shapes = {emb + "word_embeddings": (vocab_size, h), emb + "position_embeddings": (max_position_embeddings, h),
+              emb + "token_type_embeddings": (type_vocab_size, h), emb + "LayerNorm/gamma": (h,),
+              emb + "LayerNorm/beta": (h,)}
+    sizes = {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "i": (h, inter), "out": (inter, h)}
+    for i in range(num_hidden_layers):
+        for key, name, first, second in _BLOCK_WEIGHTS:
+            kernel = sizes.get(key, (h,))
+            shapes[f"bert/encoder/layer_{i}/{name}{first}"] = kernel
+            shapes[f"bert/encoder/layer_{i}/{name}{second}"] = (kernel[-1],)
+    return shapes
+
+
 @keras.saving.register_keras_serializable(package="bertopt")
 class BertEncoder(keras.layers.Layer):
     """Takes a dict ``{input_ids, attention_mask|input_mask, token_type_ids}``; returns a dict with
@@ -64,28 +92,20 @@ class BertEncoder(keras.layers.Layer):
                                trainable=True, dtype="float32")
 
     def _create_weights(self) -> None:
-        h, inter = self.hidden_size, self.intermediate_size
+        shapes = variable_shapes(self.vocab_size, self.hidden_size, self.num_hidden_layers, self.intermediate_size,
+                                 self.max_position_embeddings, self.type_vocab_size)
+        made = {name: self._w(name, shape, "ones" if name.endswith("/gamma") else "zeros")
+                for name, shape in shapes.items()}  # in this order: a saved .keras numbers its variables by it
         emb = "bert/embeddings/"
-        self.word = self._w(emb + "word_embeddings", (self.vocab_size, h))
-        self.position = self._w(emb + "position_embeddings", (self.max_position_embeddings, h))
-        self.token_type = self._w(emb + "token_type_embeddings", (self.type_vocab_size, h))
-        self.emb_ln = (self._w(emb + "LayerNorm/gamma", (h,), "ones"), self._w(emb + "LayerNorm/beta", (h,)))
+        self.word, self.position, self.token_type = (made[emb + n] for n in ("word_embeddings", "position_embeddings",
+                                                                             "token_type_embeddings"))
+        self.emb_ln = (made[emb + "LayerNorm/gamma"], made[emb + "LayerNorm/beta"])
         self.blocks = []
         for i in range(self.num_hidden_layers):
             p = f"bert/encoder/layer_{i}/"
-
-            def dense(name, n_in, n_out, p=p):
-                return self._w(p + name + "/kernel", (n_in, n_out)), self._w(p + name + "/bias", (n_out,))
-
-            def norm(name, p=p):
-                return self._w(p + name + "/LayerNorm/gamma", (h,), "ones"), self._w(p + name + "/LayerNorm/beta", (h,))
-
-            self.blocks.append({
-                "q": dense("attention/self/query", h, h), "k": dense("attention/self/key", h, h),
-                "v": dense("attention/self/value", h, h), "o": dense("attention/output/dense", h, h),
-                "ln1": norm("attention/output"), "i": dense("intermediate/dense", h, inter),
-                "out": dense("output/dense", inter, h), "ln2": norm("output"),
-            })
+            pair = {key: (made[p + name + first], made[p + name + second])
+                    for key, name, first, second in _BLOCK_WEIGHTS}
+            self.blocks.append(pair)
         self.built = True
 
     def get_config(self):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from bertopt.errors import UserError
@@ -26,7 +27,7 @@ NAME = "freeze"
 def freeze(input, config, out_dir: Path, overwrite: bool):
     from bertopt.artifact import Artifact, ArtifactWriter
     from bertopt.sources.hf import copy_tokenizer
-    from bertopt.tf.sources import open_tf_model
+    from bertopt.tf.sources import embedding_rows, open_tf_model
 
     pooling = None if config.get("pooling") in (None, "none") else config.get("pooling")
     model = open_tf_model(input, signature=config["signature"], pooling=pooling, max_seq_len=config["max_seq_len"])
@@ -44,7 +45,7 @@ def freeze(input, config, out_dir: Path, overwrite: bool):
         if config["max_seq_len"]:
             w.model_info["max_seq_len"] = config["max_seq_len"]
         w.runtime = "tensorflow"
-        copy_tokenizer(model.tokenizer_dir, w.dir / "tokenizer")
+        copy_tokenizer(model.tokenizer_dir, w.dir / "tokenizer", vocab_size=embedding_rows(model))
         save_graph_def(graph_def, w.dir / GRAPH_FILE)
         w.set_model(GRAPH_FILE, "tf-graphdef", model.inputs, model.outputs, precision="fp32")
         stats = graph_stats(graph_def)
@@ -52,6 +53,9 @@ def freeze(input, config, out_dir: Path, overwrite: bool):
                          "nodes_source_function": source_nodes, "after": stats, **model.report})
         diff = _max_abs_diff_vs_source(w, model)
         w.report["max_abs_diff_vs_source"] = diff
+        if not np.isfinite(diff):
+            raise UserError(f"{model.description} gives NaN or infinite outputs on the built-in text; its weights "
+                            "are damaged (a diverged training run?): use a model saved before it diverged")
         if not diff <= config["check_tolerance"]:
             raise UserError(f"the frozen graph differs from {model.description} by {diff:.3g} "
                             f"(> {config['check_tolerance']:g}); please report it")

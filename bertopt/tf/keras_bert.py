@@ -44,6 +44,11 @@ def arch_from_config(config: dict[str, Any], where: str) -> dict[str, Any]:
             raise UserError(f"{where}: {key} must be a positive whole number, got {value!r:.40}; is this the "
                             "bert_config.json released with the checkpoint?")
         arch[key] = value
+    from bertopt.sources.hf import MAX_LAYERS
+
+    if arch["num_hidden_layers"] > MAX_LAYERS:
+        raise UserError(f"{where}: num_hidden_layers is {arch['num_hidden_layers']:,}, more than the {MAX_LAYERS} an "
+                        "encoder has; is this the bert_config.json released with the checkpoint?")
     if arch["hidden_size"] % arch["num_attention_heads"]:
         raise UserError(f"{where}: hidden_size {arch['hidden_size']} is not a multiple of num_attention_heads "
                         f"{arch['num_attention_heads']}; is this the bert_config.json released with the checkpoint?")
@@ -141,16 +146,27 @@ def _checkpoint_reader(folder: Path):
 
 
 def check_checkpoint_matches_config(folder: Path, arch: dict[str, Any]) -> None:
-    """The checkpoint's embedding tables have the sizes bert_config.json gives, checked from the index before any
-    variable is made: a config of a 2-billion-token vocabulary allocated 64 GB before the mismatch was found."""
+    """Every variable the bert_config.json implies is in the checkpoint, in that shape and as numbers, checked from
+    the index before any variable is made: the encoder is built zero-filled first, so a 100 kB folder whose config
+    asked for 200,000 layers, or a vocabulary or FFN of millions without its table, took gigabytes and minutes."""
+    from bertopt.tf._layers import variable_shapes
+
     reader, prefix = _checkpoint_reader(folder)
-    shapes = reader.get_variable_to_shape_map()
-    for name, expected in (("bert/embeddings/word_embeddings", [arch["vocab_size"], arch["hidden_size"]]),
-                           ("bert/embeddings/position_embeddings",
-                            [arch["max_position_embeddings"], arch["hidden_size"]])):
-        if name in shapes and list(shapes[name]) != expected:
-            raise UserError(f"{prefix}: {name} is {list(shapes[name])} but bert_config.json says {expected}; the "
-                            "checkpoint does not match bert_config.json")
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    wanted = variable_shapes(*(arch[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                 "intermediate_size", "max_position_embeddings", "type_vocab_size")))
+    missing = sorted(name for name in wanted if name not in shapes)
+    if missing:
+        raise UserError(f"{prefix}: variable '{missing[0]}' is missing" + (f" (and {len(missing) - 1} more)"
+                        if len(missing) > 1 else "") + "; the checkpoint does not match bert_config.json "
+                        "(num_hidden_layers?) or is not a BERT checkpoint")
+    for name, expected in wanted.items():
+        if tuple(shapes[name]) != tuple(expected):
+            raise UserError(f"{prefix}: {name} is {list(shapes[name])} but bert_config.json says {list(expected)}; "
+                            "the checkpoint does not match bert_config.json")
+        if not (dtypes[name].is_floating or dtypes[name].is_integer):
+            raise UserError(f"{prefix}: {name} holds {dtypes[name].name} values, not numbers; is this a BERT "
+                            "checkpoint?")
 
 
 def read_google_config(folder: Path) -> dict[str, Any]:
@@ -193,7 +209,14 @@ def assign_weights(encoder, weights: dict[str, np.ndarray], where: str) -> dict[
         if tuple(value.shape) != tuple(var.shape):
             raise UserError(f"{where}: variable '{name}' has shape {list(value.shape)} but the config implies "
                             f"{list(var.shape)}; the config does not match the checkpoint")
-        var.assign(value.astype(np.float32))
+        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
+            raise UserError(f"{where}: variable '{name}' holds {value.dtype} values, not numbers; is this a BERT "
+                            "checkpoint?")
+        value = value.astype(np.float32)
+        if not np.isfinite(value).all():
+            raise UserError(f"{where}: variable '{name}' holds NaN or infinite values; the weights are damaged "
+                            "(a diverged training run?): use a checkpoint saved before it diverged")
+        var.assign(value)
     return {"variables_loaded": len(expected),
             "variables_ignored": sorted(set(weights) - set(expected))}
 
@@ -259,7 +282,7 @@ def export_hf_to_savedmodel(source, config, out_dir: Path, overwrite: bool):
                         overwrite=overwrite) as w:
         w.model_info = model_info
         w.runtime = "tensorflow"
-        copy_tokenizer(source.path, w.dir / "tokenizer")
+        copy_tokenizer(source.path, w.dir / "tokenizer", vocab_size=arch["vocab_size"])
         from bertopt.tf._layers import ServingModule
 
         ServingModule(encoder, "attention_mask", tf.int64).save(str(w.dir / SAVEDMODEL_DIR))
@@ -291,7 +314,7 @@ def export_checkpoint_to_savedmodel(source, config, out_dir: Path, overwrite: bo
                         overwrite=overwrite) as w:
         w.model_info = model_info_from_arch(arch, pooling, False, "encoder", config["max_seq_len"])
         w.runtime = "tensorflow"
-        copy_tokenizer(source.path, w.dir / "tokenizer")
+        copy_tokenizer(source.path, w.dir / "tokenizer", vocab_size=arch["vocab_size"])
         ServingModule(encoder, "input_mask", tf.int32).save(str(w.dir / SAVEDMODEL_DIR))
         w.set_model(SAVEDMODEL_DIR, "tf-savedmodel", input_specs("input_mask", "int32"),
                     encoder_output_specs(arch["hidden_size"], pooling, False), precision="fp32")

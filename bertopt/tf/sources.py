@@ -64,6 +64,18 @@ def position_limit(model: TFModel) -> int | None:
     return min(sizes) if sizes else None
 
 
+def embedding_rows(model: TFModel) -> int | None:
+    """Rows of the model's word-embedding table: its config's ``vocab_size``, else the rank-2 variable named like
+    ``word_embeddings`` in the graph (a foreign SavedModel), so the tokenizer is held to what the table can look up
+    (TensorFlow fails on a larger id on a CPU, and returns zeros for it on a GPU)."""
+    if isinstance(model.model_info.get("vocab_size"), int):
+        return model.model_info["vocab_size"]
+    fn = model.function.concrete if hasattr(model.function, "concrete") else model.function
+    sizes = [int(v.shape[0]) for v in getattr(fn, "variables", ())
+             if "word_embeddings" in v.name.lower() and len(v.shape) == 2 and v.shape[0] is not None]
+    return min(sizes) if sizes else None
+
+
 def apply_position_limit(model: TFModel, max_seq_len: int | None) -> None:
     """Record the real position limit (read from the graph) and refuse a --max-seq-len beyond it."""
     limit = position_limit(model)
@@ -91,8 +103,10 @@ def _open_savedmodel(path: Path, signature: str, where: str) -> TFModel:
         raise UserError(f"{path} has no saved_model.pb; give a SavedModel folder")
     try:
         loaded = tf.saved_model.load(str(path))
-    except (tf.errors.OpError, ValueError, OSError) as exc:
-        raise UserError(f"TensorFlow cannot load the SavedModel {path}: {str(exc).splitlines()[0]}") from None
+    except (tf.errors.OpError, ValueError, OSError, IndexError, KeyError) as exc:  # IndexError: a truncated file
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"TensorFlow cannot load the SavedModel {path}: {reason}; is the folder complete (its "
+                        "variables/ files as saved)?") from None
     fn = signature_of(loaded, signature, where)
     inputs, outputs = describe_signature(fn, where)
     folder = Path(path)
@@ -125,9 +139,17 @@ def check_keras_archive(path: Path) -> None:
             return  # Keras says what is missing
         try:
             config = json.loads(archive.read("config.json"))
-        except (ValueError, RecursionError, zipfile.BadZipFile, OSError):
+        except RecursionError:
+            raise UserError(f"{path}: its config.json nests deeper than Python can read (a Keras config is a few "
+                            "levels deep); save the model again with model.save('x.keras')") from None
+        except (ValueError, zipfile.BadZipFile, OSError):
             return  # Keras says what is wrong with it
     weights = sum(info.file_size for name, info in members.items() if name.endswith(".h5"))
+    declared = sum(_layer_parameters(layer) for layer in _dicts_with(config, "class_name")
+                   if isinstance(layer.get("config"), dict) and "vocab_size" not in layer["config"])
+    if 2 * declared > 2 * weights + (64 << 20):
+        raise UserError(f"{path}: its layers' sizes in config.json describe some {declared:,} parameters, but the "
+                        f"archive's weights hold {weights:,} bytes; the config does not belong to these weights")
     for encoder in _dicts_with(config, "vocab_size"):
         sizes = {key: encoder.get(key, 1) for key in _ENCODER_SIZES}
         bad = next((k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1), None)
@@ -140,6 +162,35 @@ def check_keras_archive(path: Path) -> None:
         if 2 * params > 2 * weights + (64 << 20):
             raise UserError(f"{path}: its config describes an encoder of {params:,} parameters, but the archive's "
                             f"weights hold {weights:,} bytes; the config does not belong to these weights")
+
+
+# layers whose weights multiply three of their sizes (heads x head size x width, an einsum's output x its input)
+_THREE_FACTOR_LAYERS = ("MultiHeadAttention", "GroupedQueryAttention", "EinsumDense", "Conv1D", "Conv2D")
+
+
+def _layer_parameters(layer: dict) -> int:
+    """A bound on the parameters one layer of a Keras config makes when Keras builds it, before reading any weight
+    (an Embedding's input_dim x output_dim, a Dense's units x input width from its build_config): the product of
+    its largest sizes. Keras fills every variable before loading weights, so an 11 kB file whose Embedding said
+    50,000,000 rows took 3.8 GB."""
+    sizes: list[int] = []
+    stack = [layer.get("config"), layer.get("build_config")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item is not layer.get("config") and "class_name" in item:
+                continue  # a nested layer or initializer: counted on its own
+            stack.extend(v for k, v in item.items() if k != "seed")
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and item > 1:
+            sizes.append(item)
+    sizes.sort(reverse=True)
+    count = 3 if str(layer.get("class_name")) in _THREE_FACTOR_LAYERS else 2
+    product = 1
+    for size in sizes[:count]:
+        product *= size
+    return product
 
 
 def _dicts_with(value, key: str):

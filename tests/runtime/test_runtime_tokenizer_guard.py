@@ -47,9 +47,10 @@ def _replace_steps(steps: int, content: str = "abcdefghij"):
 
 def test_a_normalizer_that_multiplies_text_is_refused(tiny_hf, tmp_path):
     # five Replace steps each turning a character into ten: 100,000 characters each (export's check texts took
-    # 200 s and 4.5 GB); one such step (10x) is a tokenizer's own business
+    # 200 s and 4.5 GB; after the BertNormalizer, which can triple a character: 300,000); one such step (10x) is a
+    # tokenizer's own business
     folder = _with_tokenizer(tiny_hf, tmp_path / "m5", _replace_steps(5))
-    with pytest.raises(UserError, match="its normalizer can make a text 100,000 times longer"):
+    with pytest.raises(UserError, match="its normalizer can make a text 300,000 times longer"):
         read_tokenizer_json(folder / "tokenizer.json")
     read_tokenizer_json(_with_tokenizer(tiny_hf, tmp_path / "m1", _replace_steps(1)) / "tokenizer.json")
 
@@ -71,7 +72,7 @@ def panicking_artifact(tiny_hf, tmp_path_factory):
 
 def test_a_text_that_panics_the_tokenizer_is_a_user_error_and_the_predictor_goes_on(panicking_artifact):
     predictor = Predictor(panicking_artifact)
-    with pytest.raises(UserError, match=r"the model's tokenizer failed on this text \(.*retry-limit"):
+    with pytest.raises(UserError, match=r"the model's tokenizer cannot encode this text \(.*retry-limit"):
         predictor.encode(["fine", PANICKING_TEXT])
     assert predictor.encode(["fine"]).shape == (1, predictor.embedding_dim)
 
@@ -87,5 +88,59 @@ def test_validate_on_such_a_text_exits_2_with_its_line_last(panicking_artifact, 
     assert proc.returncode == 2, proc.stderr[-2000:]
     # Rust's own panic message goes to stderr before Python sees the panic; what follows is the one line
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: the model's tokenizer failed on this text"), proc.stderr[-2000:]
+    assert last.startswith("error: the model's tokenizer cannot encode this text"), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+def _nfkc_charsmap() -> str:
+    """The precompiled_charsmap of a real SentencePiece model (its default rule, nmt_nfkc), as tokenizer.json holds
+    it: what XLM-R, ALBERT and T5 tokenizers normalise with."""
+    import base64
+    import io
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["0123456789 hello world 1 22 333"] * 20), model_writer=buf,
+                                   vocab_size=30, model_type="unigram", minloglevel=2, hard_vocab_limit=False)
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(buf.getvalue())
+    return base64.b64encode(model.normalizer_spec.precompiled_charsmap).decode()
+
+
+def test_real_sentencepiece_normalizers_are_read_and_bounded(tiny_hf, tmp_path):
+    # ALBERT's normalizer (NFKD, StripAccents, Lowercase, then the charsmap) and XLM-R's (the charsmap, a Replace of
+    # runs of spaces): a run of Unicode forms counts once, so neither multiplies its steps past the bound
+    from bertopt.runtime.predictor import normalizer_growth
+
+    charsmap = {"type": "Precompiled", "precompiled_charsmap": _nfkc_charsmap()}
+    spaces = {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "\u2581"}
+    albert = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "``"}, "content": "\""},
+        {"type": "Replace", "pattern": {"String": "''"}, "content": "\""}, {"type": "NFKD"},
+        {"type": "StripAccents"}, {"type": "Lowercase"}, charsmap, spaces]}
+    xlmr = {"type": "Sequence", "normalizers": [charsmap, spaces]}
+    assert normalizer_growth(albert) == 18 and normalizer_growth(xlmr) == 18  # U+FDFA: 18 characters
+    for name, normalizer in (("albert", albert), ("xlmr", xlmr)):
+        folder = _with_tokenizer(tiny_hf, tmp_path / name, lambda spec, n=normalizer: spec.update(normalizer=n))
+        tok = read_tokenizer_json(folder / "tokenizer.json")
+        assert tok.normalizer.normalize_str("Ｈｅｌｌｏ  ﬁne") in ("hello\u2581fine", "Hello\u2581fine")
+    # a charsmap after a Replace that feeds it, or a Unicode form after a charsmap, multiply
+    assert normalizer_growth({"type": "Sequence", "normalizers": [charsmap, {"type": "NFKC"}]}) == 18 * 18
+
+
+def test_a_text_the_tokenizer_has_no_token_for_is_a_user_error(tmp_path):
+    # a Unigram model without unk_id raises the tokenizers library's plain Exception on a character it lacks (export
+    # refuses such a tokenizer; one already in an artifact still answers in one line)
+    from tokenizers import Tokenizer, models
+
+    file = tmp_path / "tokenizer.json"
+    file.write_text(Tokenizer(models.Unigram([("a", -1.0), ("b", -2.0)], unk_id=None, byte_fallback=False)).to_str())
+    tok = read_tokenizer_json(file)
+    assert tok.encode("ab").ids == [0, 1]
+    with pytest.raises(UserError, match=r"cannot encode this text \(Encountered an unknown token but `unk_id` is "
+                                        r"missing\)"):
+        tok.encode("abc")
+    with pytest.raises(UserError, match="unk_id"):
+        tok.encode_batch(["a", "zzz"])
