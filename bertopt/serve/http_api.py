@@ -105,7 +105,7 @@ class RequestHandling:
 
     def __init__(self, front, facts: dict[str, Any] | None = None):
         """``facts``: the served model this instance answers for (default: the front end's first)."""
-        from bertopt.runtime.predictor import read_tokenizer_json
+        from bertopt.runtime.tokenizer_file import read_tokenizer_json
 
         self.front = front
         self.cfg = front.cfg

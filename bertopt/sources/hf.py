@@ -323,7 +323,7 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
             shutil.copyfile(src / name, dest / name)
     if not (dest / "tokenizer.json").exists():
         build_tokenizer_json(src, fam).save(str(dest / "tokenizer.json"))
-    from bertopt.runtime.predictor import read_tokenizer_json
+    from bertopt.runtime.tokenizer_file import read_tokenizer_json
 
     # read now (the copy: a regular file), so a tokenizer.json that is no tokenizer is named as the user's file
     tokenizer = read_tokenizer_json(dest / "tokenizer.json", shown_as=src / "tokenizer.json")
@@ -338,7 +338,7 @@ def check_tokenizer_fits(tokenizer, src: Path, vocab_size: int | None) -> None:
     """A tokenizer that can encode any text, into ids the model's embedding table has rows for: its largest id
     (not its count: a sparse id, or a vocab.txt with a line twice, passed a count within the table), the ids of
     the special tokens its post-processor adds, and an unknown token for what its vocabulary lacks."""
-    from bertopt.runtime.predictor import TokenizerFailure
+    from bertopt.runtime.tokenizer_file import TokenizerFailure
 
     fix = "use the tokenizer the model was trained with"
     try:

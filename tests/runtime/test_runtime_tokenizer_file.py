@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from bertopt.errors import UserError
-from bertopt.runtime.predictor import Predictor, read_tokenizer_json
+from bertopt.runtime.predictor import Predictor
+from bertopt.runtime.tokenizer_file import read_tokenizer_json
 
 # a pattern that passes the nested-quantifier check but still exhausts the regex engine's retry limit on this text
 PANICKING_SPLIT = "(a|a)*$"
@@ -112,7 +113,7 @@ def _nfkc_charsmap() -> str:
 def test_real_sentencepiece_normalizers_are_read_and_bounded(tiny_hf, tmp_path):
     # ALBERT's normalizer (NFKD, StripAccents, Lowercase, then the charsmap) and XLM-R's (the charsmap, a Replace of
     # runs of spaces): a run of Unicode forms counts once, so neither multiplies its steps past the bound
-    from bertopt.runtime.predictor import normalizer_growth
+    from bertopt.runtime.tokenizer_file import normalizer_growth
 
     charsmap = {"type": "Precompiled", "precompiled_charsmap": _nfkc_charsmap()}
     spaces = {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "\u2581"}
