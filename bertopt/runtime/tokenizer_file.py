@@ -96,9 +96,11 @@ def backtracking_patterns(spec: Any) -> list[str]:
 # of them (and one SentencePiece charsmap after them: ALBERT's NFKD, Lowercase, Precompiled) counts once, at its
 # largest, where a Replace or a Prepend between them multiplies (a growth-1 Replace of a letter by U+FDFA before
 # each of six NFKC steps made a character 66,000)
-_UNICODE_FORM_GROWTH = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 2, "BertNormalizer": 3,
-                        "StripAccents": 1, "Strip": 1, "Nmt": 1}
-_FIXED_STEP_GROWTH = {"ByteLevel": 4}
+_UNICODE_FORM_GROWTH = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 2, "StripAccents": 1, "Strip": 1,
+                        "Nmt": 1}
+# steps that are no normal form: BertNormalizer puts spaces around each CJK character again on every pass (2,000 of
+# them made one character 16,004); ByteLevel writes a character per UTF-8 byte
+_FIXED_STEP_GROWTH = {"ByteLevel": 4, "BertNormalizer": 3}
 CHARSMAP_FORM_GROWTH = 18  # a real charsmap (nmt_nfkc, nfkc_cf) is NFKC with extras: at most 18 (U+FDFA)
 
 
@@ -139,11 +141,35 @@ class _Growth:
         elif kind == "Replace":
             pattern = spec.get("pattern") or {}
             matched = len(pattern.get("String") or "") if isinstance(pattern, dict) else 0
-            self.multiply(len(str(spec.get("content") or "")) / max(1, matched))
+            content = len(str(spec.get("content") or ""))
+            # a pattern that matches the empty string inserts the content between every two characters: fourteen
+            # Replace("" -> "a") steps doubled a text fourteen times
+            empty = not matched and (not isinstance(pattern, dict) or _matches_empty(pattern.get("Regex")))
+            self.multiply(1 + content if empty else content / max(1, matched))
         elif kind == "Prepend":
             self.multiply(1 + len(str(spec.get("prepend") or "")))  # on a one-character text
         elif kind is not None:
             self.multiply(_FIXED_STEP_GROWTH.get(kind, 1))
+
+
+# what a pattern is tried on for an empty match: every printable ASCII character, spaces and line ends, letters of
+# other scripts, and the pattern's own characters (a lookahead names what it looks for)
+_EMPTY_MATCH_PROBE = ("".join(map(chr, range(0x20, 0x7F)))
+                      + "\t\n\r\u00a0\u3000\u2581\u00e9\u00df\u0430\u05d0\u0644\u65e5\u672c")
+
+
+def _matches_empty(regex: Any) -> bool:
+    """Whether a Replace step's regex can match the empty string, judged by Python's engine on a probe (the
+    tokenizers library's Oniguruma reads nearly the same syntax); a pattern Python cannot read counts as one
+    that can."""
+    if not isinstance(regex, str):
+        return True
+    try:
+        pattern = re.compile(regex)
+    except (re.error, RecursionError, OverflowError):
+        return True
+    probe = _EMPTY_MATCH_PROBE + regex
+    return any(m.start() == m.end() for text in ("", probe, probe[::-1]) for m in pattern.finditer(text))
 
 
 def charsmap_growth(spec: dict, where: str) -> float:
@@ -167,6 +193,28 @@ def normalizer_growth(spec: Any, where: str = "tokenizer.json") -> float:
     content over the shortest match, a Prepend its text, a charsmap its longest replacement, the Unicode forms
     what they reach on one code point; steps multiply, except a run of Unicode forms (``_UNICODE_FORM_GROWTH``)."""
     return _growth_of(spec, where).total
+
+
+# pre-tokenizers that lengthen what they split: ByteLevel writes a character per UTF-8 byte (sixteen ByteLevel steps
+# made a CJK character 98,304 and aborted the process on a 3,000-character text); Metaspace adds a "▁" before a word
+_PRE_TOKENIZER_GROWTH = {"ByteLevel": 4, "Metaspace": 2}
+
+
+def _times(growth: float) -> str:
+    return f"{growth:,.0f}" if growth < 1e15 else "over 10^15"
+
+
+def pre_tokenizer_growth(spec: Any) -> float:
+    """How many times longer a tokenizer.json's ``pre_tokenizer`` can make a text, at most (its steps multiply)."""
+    if not isinstance(spec, dict):
+        return 1.0
+    if spec.get("type") == "Sequence":
+        growth = 1.0
+        steps = spec.get("pretokenizers")
+        for step in steps if isinstance(steps, list) else []:
+            growth *= pre_tokenizer_growth(step)
+        return growth
+    return float(_PRE_TOKENIZER_GROWTH.get(spec.get("type"), 1))
 
 
 def _growth_of(spec: Any, where: str) -> _Growth:
@@ -223,8 +271,13 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
                         f"or {fix}")
     growth = _growth_of(spec.get("normalizer"), str(shown))
     if growth.total > MAX_NORMALIZER_GROWTH:
-        raise UserError(f"{shown}: its normalizer can make a text {growth.total:,.0f} times longer (steps that "
+        raise UserError(f"{shown}: its normalizer can make a text {_times(growth.total)} times longer (steps that "
                         f"lengthen what they match), more than the {MAX_NORMALIZER_GROWTH} a tokenizer needs; {fix}")
+    total = growth.total * pre_tokenizer_growth(spec.get("pre_tokenizer"))
+    if total > MAX_NORMALIZER_GROWTH:
+        raise UserError(f"{shown}: its normalizer and pre-tokenizer can make a text {_times(total)} times longer "
+                        f"(ByteLevel steps write a character per byte), more than the {MAX_NORMALIZER_GROWTH} a "
+                        f"tokenizer needs; {fix}")
     try:
         tok = Tokenizer.from_str(text)
     except BaseException as exc:  # plain Exception for a file it cannot read; a Rust panic for some

@@ -116,7 +116,8 @@ def _open_savedmodel(path: Path, signature: str, where: str) -> TFModel:
 
 # a .keras file's JSON members are a few kB; the weights hold every parameter (at 2 bytes or more each)
 KERAS_JSON_MAX_BYTES = 16 << 20
-_ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings")
+_ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
+                  "type_vocab_size")
 
 
 def check_keras_archive(path: Path) -> None:
@@ -146,7 +147,8 @@ def check_keras_archive(path: Path) -> None:
             return  # Keras says what is wrong with it
     weights = sum(info.file_size for name, info in members.items() if name.endswith(".h5"))
     declared = sum(_layer_parameters(layer) for layer in _dicts_with(config, "class_name")
-                   if isinstance(layer.get("config"), dict) and "vocab_size" not in layer["config"])
+                   if isinstance(layer.get("config"), dict) and "vocab_size" not in layer["config"]
+                   and layer.get("class_name") != "__keras_tensor__")  # a layer's inputs, not a layer
     if 2 * declared > 2 * weights + (64 << 20):
         raise UserError(f"{path}: its layers' sizes in config.json describe some {declared:,} parameters, but the "
                         f"archive's weights hold {weights:,} bytes; the config does not belong to these weights")
@@ -157,39 +159,47 @@ def check_keras_archive(path: Path) -> None:
             raise UserError(f"{path}: the encoder's {bad} is {sizes[bad]!r:.40}, not a positive whole number; save "
                             "the model again with model.save('x.keras')")
         h = sizes["hidden_size"]
-        params = (sizes["vocab_size"] + sizes["max_position_embeddings"]) * h \
+        params = (sizes["vocab_size"] + sizes["max_position_embeddings"] + sizes["type_vocab_size"]) * h \
             + sizes["num_hidden_layers"] * (4 * h * h + 2 * h * sizes["intermediate_size"])
         if 2 * params > 2 * weights + (64 << 20):
             raise UserError(f"{path}: its config describes an encoder of {params:,} parameters, but the archive's "
                             f"weights hold {weights:,} bytes; the config does not belong to these weights")
 
 
-# layers whose weights multiply three of their sizes (heads x head size x width, an einsum's output x its input)
-_THREE_FACTOR_LAYERS = ("MultiHeadAttention", "GroupedQueryAttention", "EinsumDense", "Conv1D", "Conv2D")
-
-
 def _layer_parameters(layer: dict) -> int:
-    """A bound on the parameters one layer of a Keras config makes when Keras builds it, before reading any weight
-    (an Embedding's input_dim x output_dim, a Dense's units x input width from its build_config): the product of
-    its largest sizes. Keras fills every variable before loading weights, so an 11 kB file whose Embedding said
-    50,000,000 rows took 3.8 GB."""
+    """A bound on the parameters one layer of a Keras config makes when Keras builds it, before reading any weight:
+    the product of the sizes in its config (an Embedding's rows and width, a Dense's units, a convolution's filters
+    and kernel size, attention heads and head size) and its input's width (the last size of its build_config's
+    input shape: the sequence length makes no weights), times 4 x units more for a recurrent layer (its recurrent
+    kernel). Keras fills every variable before loading weights, so an 11 kB file whose Embedding said 50,000,000
+    rows took 3.8 GB."""
+    config = layer.get("config")
     sizes: list[int] = []
-    stack = [layer.get("config"), layer.get("build_config")]
+    stack: list[Any] = [config]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            if item is not layer.get("config") and "class_name" in item:
+            if item is not config and "class_name" in item:
                 continue  # a nested layer or initializer: counted on its own
             stack.extend(v for k, v in item.items() if k != "seed")
         elif isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, int) and not isinstance(item, bool) and item > 1:
             sizes.append(item)
-    sizes.sort(reverse=True)
-    count = 3 if str(layer.get("class_name")) in _THREE_FACTOR_LAYERS else 2
+    shape = (layer.get("build_config") or {}).get("input_shape") if isinstance(layer.get("build_config"), dict) \
+        else None
+    while isinstance(shape, list) and shape and isinstance(shape[0], list):
+        shape = shape[0]  # several inputs: the first one's
+    # an Embedding's input is ids: its last size is the text's length, no width
+    takes_ids = isinstance(config, dict) and "input_dim" in config
+    if not takes_ids and isinstance(shape, list) and shape and isinstance(shape[-1], int) and shape[-1] > 1:
+        sizes.append(shape[-1])
     product = 1
-    for size in sizes[:count]:
+    for size in sizes:
         product *= size
+    units = config.get("units") if isinstance(config, dict) else None
+    if isinstance(units, int) and not isinstance(units, bool) and "recurrent_initializer" in config:
+        product *= 4 * max(1, units)
     return product
 
 
@@ -214,7 +224,7 @@ def _open_keras(path: Path) -> TFModel:
     check_keras_archive(path)
     try:
         model = keras.saving.load_model(str(path), safe_mode=True, compile=False)
-    except (ValueError, TypeError, OSError, KeyError) as exc:
+    except (ValueError, TypeError, OSError, KeyError, MemoryError, tf.errors.OpError) as exc:
         text = str(exc)
         # Keras wraps the reason in advice about from_config(); the reason comes after "Exception encountered:"
         cause = text.split("Exception encountered:", 1)[1] if "Exception encountered:" in text else text

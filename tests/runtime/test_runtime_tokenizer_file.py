@@ -145,3 +145,39 @@ def test_a_text_the_tokenizer_has_no_token_for_is_a_user_error(tmp_path):
         tok.encode("abc")
     with pytest.raises(UserError, match="unk_id"):
         tok.encode_batch(["a", "zzz"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    # a pattern matching the empty string inserts its content between every two characters: each step doubled
+    (lambda spec: spec.update(normalizer={"type": "Sequence", "normalizers": [spec["normalizer"]] + [
+        {"type": "Replace", "pattern": {"Regex": ""}, "content": "a"}] * 14}), "a text 49,152 times longer"),
+    # BertNormalizer is no normal form: each pass puts spaces around every CJK character again
+    (lambda spec: spec.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}] + [
+        {"type": "BertNormalizer"}] * 2000}), r"a text over 10\^15 times longer"),
+    # ByteLevel pre-tokenizers each write a character per UTF-8 byte (sixteen aborted the process)
+    (lambda spec: spec.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}] * 16}),
+     "its normalizer and pre-tokenizer can make a text"),
+])
+def test_growth_that_gets_past_a_count_of_steps_is_refused(tiny_hf, tmp_path, edit, message):
+    folder = _with_tokenizer(tiny_hf, tmp_path / "m", edit)
+    with pytest.raises(UserError, match=message):
+        read_tokenizer_json(folder / "tokenizer.json")
+
+
+def test_regex_replaces_of_real_tokenizers_count_as_what_they_match(tiny_hf, tmp_path):
+    # SeamlessM4T's normalizer (transformers' converter): regex Replaces that cannot match the empty string around
+    # NFKC; each counted as doubling, it was refused (144)
+    from bertopt.runtime.tokenizer_file import normalizer_growth
+
+    seamless = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"Regex": "[\\n\\r\\t]"}, "content": " "}, {"type": "NFKC"},
+        {"type": "Strip", "strip_left": False, "strip_right": True},
+        {"type": "Replace", "pattern": {"Regex": " +\u2581"}, "content": "\u2581"},
+        {"type": "Replace", "pattern": {"Regex": "^\u2581+$"}, "content": ""},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "\u2581"}]}
+    assert normalizer_growth(seamless) == 18
+    folder = _with_tokenizer(tiny_hf, tmp_path / "m", lambda spec: spec.update(normalizer=seamless))
+    assert read_tokenizer_json(folder / "tokenizer.json").normalizer.normalize_str("a\tb  c") == "a b\u2581c"
+    for pattern in ("", "x?", "(?=a)", "\\b"):  # each can match the empty string
+        assert normalizer_growth({"type": "Replace", "pattern": {"Regex": pattern}, "content": "ab"}) == 3

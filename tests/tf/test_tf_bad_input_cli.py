@@ -363,3 +363,46 @@ def test_a_tensorflow_graph_that_fails_on_a_batch_is_a_model_run_error(tiny_froz
     feeds["input_ids"] = np.array([[2, 10_000_000, 5, 3]])
     with pytest.raises(ModelRunError, match="failed to run in TensorFlow: .*10000000"):
         session.run(session.output_names, feeds)
+
+
+def test_layer_sizes_count_weights_not_sequence_lengths():
+    # a Keras BERT built for a fixed length (Input((512,))) was refused: the 512 of each layer's build_config was
+    # counted as a weight size (a BERT-mini of 11 M parameters read as 298 M); a recurrent kernel is units x 4 units
+    from bertopt.tf.sources import _layer_parameters
+
+    def layer(class_name, config, input_shape):
+        return {"class_name": class_name, "config": {"name": "x", "seed": 1234567, **config},
+                "build_config": {"input_shape": input_shape}}
+
+    assert _layer_parameters(layer("Embedding", {"input_dim": 30522, "output_dim": 256}, [None, 512])) == 30522 * 256
+    assert _layer_parameters(layer("Dense", {"units": 1024}, [None, 512, 256])) == 1024 * 256
+    assert _layer_parameters(layer("LayerNormalization", {"axis": -1}, [None, 512, 256])) == 256
+    assert _layer_parameters(layer("LSTM", {"units": 100, "recurrent_initializer": {}}, [None, 512, 16])) \
+        == 100 * 16 * 4 * 100
+    assert _layer_parameters(layer("Conv2D", {"filters": 8, "kernel_size": [3, 3], "strides": [1, 1]},
+                                   [None, 28, 28, 4])) == 8 * 3 * 3 * 4
+
+
+def test_a_keras_bert_encoder_is_held_to_its_token_type_table(tmp_path, cli):
+    # bertopt's own encoder layer: its type_vocab_size was left out of the sizes held to the weights (3-4 GB)
+    import keras
+
+    from bertopt.tf._layers import BertEncoder
+
+    encoder = BertEncoder(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=32, type_vocab_size=2, pooling="mean",
+                          name="bert_encoder")
+    inputs = {n: keras.Input((None,), dtype="int64", name=n) for n in ("input_ids", "attention_mask", "token_type_ids")}
+    keras.Model(inputs, encoder(inputs)).save(tmp_path / "ok.keras")
+    bad = _keras_with_config(tmp_path / "ok.keras", tmp_path / "types.keras", lambda data: json.dumps(
+        _set_everywhere(json.loads(data), "type_vocab_size", 25_000_000)).encode())
+    code, _, err = cli("freeze", bad, "--out", tmp_path / "out")
+    _one_line(code, err, tmp_path / "out", "the config does not belong to these weights")
+
+
+def _set_everywhere(value, key, new):
+    if isinstance(value, dict):
+        return {k: (new if k == key else _set_everywhere(v, key, new)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_set_everywhere(v, key, new) for v in value]
+    return value
