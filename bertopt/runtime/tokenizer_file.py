@@ -24,6 +24,9 @@ MAX_TOKENIZER_BYTES = 512 << 20
 # tokenizers carry (spaces to "▁", runs of spaces to one) stay near 1; five Replace steps each turning a character
 # into ten made every character 100,000 (a 2 KB tokenizer.json: 200 s and 4.5 GB for export's check texts)
 MAX_NORMALIZER_GROWTH = 64
+# the tokenizers library's JSON reader stops at 128 levels; a real tokenizer.json nests a handful (the growth bound
+# walks its Sequences by recursion, which a file nested 950 deep would exhaust)
+MAX_TOKENIZER_DEPTH = 128
 
 
 class GuardedTokenizer:
@@ -254,6 +257,11 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
     fix = "save the tokenizer again with the model (tokenizer.save_pretrained) or re-create the artifact"
     data = read_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES, fix=fix, shown_as=shown,
                              too_large="too large for a tokenizer")
+    from bertopt.untrusted import json_depth
+
+    if json_depth(data, stop_above=MAX_TOKENIZER_DEPTH) > MAX_TOKENIZER_DEPTH:
+        raise UserError(f"{shown} nests lists or objects more than {MAX_TOKENIZER_DEPTH} levels deep, deeper than the "
+                        f"tokenizers library reads; {fix}")
     try:
         text = data.decode("utf-8")
         spec = json.loads(text)

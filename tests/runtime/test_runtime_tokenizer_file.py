@@ -181,3 +181,13 @@ def test_regex_replaces_of_real_tokenizers_count_as_what_they_match(tiny_hf, tmp
     assert read_tokenizer_json(folder / "tokenizer.json").normalizer.normalize_str("a\tb  c") == "a b\u2581c"
     for pattern in ("", "x?", "(?=a)", "\\b"):  # each can match the empty string
         assert normalizer_growth({"type": "Replace", "pattern": {"Regex": pattern}, "content": "ab"}) == 3
+
+
+def test_a_tokenizer_nested_past_what_the_library_reads_is_refused(tmp_path):
+    # a normalizer Sequence nested 950 deep parsed in Python, then the growth bound recursed past Python's limit (a
+    # RecursionError traceback); the tokenizers library itself reads 128 levels
+    nested = '{"type": "Sequence", "normalizers": [' * 950 + '{"type": "NFC"}' + "]}" * 950
+    file = tmp_path / "tokenizer.json"
+    file.write_text('{"version": "1.0", "normalizer": ' + nested + ', "model": {"type": "WordPiece", "vocab": {}}}')
+    with pytest.raises(UserError, match="nests lists or objects more than 128 levels deep"):
+        read_tokenizer_json(file)
