@@ -74,6 +74,12 @@ def _tokenizer_failure(exc: BaseException) -> bool:
     return type(exc).__name__ == "PanicException" or type(exc) is Exception
 
 
+def is_library_error(exc: BaseException) -> bool:
+    """Any error a tokenizer library raises on a file it cannot read: an Exception or a Rust panic (not an
+    interrupt or an exit, which pass on)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 # a group holding a quantifier, itself quantified ("(a+)+"): the regex engine backtracks exponentially on a text that
 # almost matches, until it gives up (its retry limit) by panicking: 0.25 s of CPU a text, then a failed request
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
@@ -289,7 +295,7 @@ def read_tokenizer_json(file: Path, shown_as: Path | None = None):
     try:
         tok = Tokenizer.from_str(text)
     except BaseException as exc:  # plain Exception for a file it cannot read; a Rust panic for some
-        if not (_tokenizer_failure(exc) or isinstance(exc, Exception)):
+        if not is_library_error(exc):
             raise
         reason = " ".join(str(exc).split())[:160]
         raise UserError(f"{shown} is not a tokenizer the tokenizers library can read ({reason}); {fix}") from None

@@ -434,6 +434,8 @@ def _convert_sentencepiece(src: Path):
     the .model file is read here: an empty one parsed as a model of no pieces (every word became <unk>, and export
     and validate passed), a damaged one sent transformers to its tiktoken reader, and a malformed character map
     made the tokenizers library allocate 8.6 GB and abort the process."""
+    from bertopt.runtime.tokenizer_file import is_library_error
+
     require("sentencepiece", "torch", "converting a SentencePiece tokenizer")
     transformers = require("transformers", "torch", "converting a SentencePiece tokenizer")
     # transformers reads whatever files the folder's tokenizer config names: each must be the folder's own
@@ -450,7 +452,7 @@ def _convert_sentencepiece(src: Path):
         # never the folder's own tokenizer code (auto_map): transformers would ask on stdin, and run it on "y"
         tok = transformers.AutoTokenizer.from_pretrained(str(src), use_fast=True, trust_remote_code=False)
     except BaseException as exc:  # transformers' and the tokenizers library's errors are plain Exception or panics
-        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+        if not is_library_error(exc):
             raise
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise UserError(f"cannot convert the SentencePiece tokenizer in {src} ({reason}); save the tokenizer again "

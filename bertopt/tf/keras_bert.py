@@ -157,9 +157,7 @@ def check_checkpoint_matches_config(folder: Path, arch: dict[str, Any]) -> None:
                                                  "intermediate_size", "max_position_embeddings", "type_vocab_size")))
     missing = sorted(name for name in wanted if name not in shapes)
     if missing:
-        raise UserError(f"{prefix}: variable '{missing[0]}' is missing" + (f" (and {len(missing) - 1} more)"
-                        if len(missing) > 1 else "") + "; the checkpoint does not match bert_config.json "
-                        "(num_hidden_layers?) or is not a BERT checkpoint")
+        raise _missing_variables(prefix, missing)
     for name, expected in wanted.items():
         if tuple(shapes[name]) != tuple(expected):
             raise UserError(f"{prefix}: {name} is {list(shapes[name])} but bert_config.json says {list(expected)}; "
@@ -167,6 +165,12 @@ def check_checkpoint_matches_config(folder: Path, arch: dict[str, Any]) -> None:
         if not (dtypes[name].is_floating or dtypes[name].is_integer):
             raise UserError(f"{prefix}: {name} holds {dtypes[name].name} values, not numbers; is this a BERT "
                             "checkpoint?")
+
+
+def _missing_variables(where: Any, missing: list[str]) -> UserError:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return UserError(f"{where}: variable '{missing[0]}' is missing{more}; the checkpoint does not match "
+                     "bert_config.json (num_hidden_layers?) or is not a BERT checkpoint")
 
 
 def read_google_config(folder: Path) -> dict[str, Any]:
@@ -196,9 +200,7 @@ def assign_weights(encoder, weights: dict[str, np.ndarray], where: str) -> dict[
     expected = {google_name(w): w for w in encoder.weights}
     missing = sorted(set(expected) - set(weights))
     if missing:
-        raise UserError(f"{where}: variable '{missing[0]}' is missing" + (f" (and {len(missing) - 1} more)"
-                        if len(missing) > 1 else "") + "; the checkpoint does not match bert_config.json "
-                        "(num_hidden_layers?) or is not a BERT checkpoint")
+        raise _missing_variables(where, missing)
     unused = sorted(n for n in set(weights) - set(expected) if not _IGNORABLE.match(n))
     if unused:
         raise UserError(f"{where}: variable '{unused[0]}' is not used by a BERT encoder with this config"

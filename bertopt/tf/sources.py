@@ -55,13 +55,18 @@ def open_tf_model(input, *, signature: str = "serving_default", pooling: str | N
     return model
 
 
+def _table_rows(model: TFModel, name_part: str) -> int | None:
+    """Rows of the model's rank-2 graph variable whose name holds ``name_part`` (the smallest, if several)."""
+    fn = model.function.concrete if hasattr(model.function, "concrete") else model.function
+    sizes = [int(v.shape[0]) for v in getattr(fn, "variables", ())
+             if name_part in v.name.lower() and len(v.shape) == 2 and v.shape[0] is not None]
+    return min(sizes) if sizes else None
+
+
 def position_limit(model: TFModel) -> int | None:
     """Rows of the model's absolute position table (a rank-2 variable named like ``position_embeddings``), read
     from the graph's variables: a foreign SavedModel has no config saying how many positions it has."""
-    fn = model.function.concrete if hasattr(model.function, "concrete") else model.function
-    sizes = [int(v.shape[0]) for v in getattr(fn, "variables", ())
-             if "position" in v.name.lower() and len(v.shape) == 2 and v.shape[0] is not None]
-    return min(sizes) if sizes else None
+    return _table_rows(model, "position")
 
 
 def embedding_rows(model: TFModel) -> int | None:
@@ -70,10 +75,7 @@ def embedding_rows(model: TFModel) -> int | None:
     (TensorFlow fails on a larger id on a CPU, and returns zeros for it on a GPU)."""
     if isinstance(model.model_info.get("vocab_size"), int):
         return model.model_info["vocab_size"]
-    fn = model.function.concrete if hasattr(model.function, "concrete") else model.function
-    sizes = [int(v.shape[0]) for v in getattr(fn, "variables", ())
-             if "word_embeddings" in v.name.lower() and len(v.shape) == 2 and v.shape[0] is not None]
-    return min(sizes) if sizes else None
+    return _table_rows(model, "word_embeddings")
 
 
 def apply_position_limit(model: TFModel, max_seq_len: int | None) -> None:
