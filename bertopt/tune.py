@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
-from bertopt.params import BATCH_SIZE, THREADS, Param, typer_command
+from bertopt.params import BATCH_DEV_BOUND, BATCH_SIZE, THREADS, Param, typer_command
 from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
 from bertopt.tasks import TASKS
 
@@ -113,7 +113,7 @@ TUNE_PARAMS = [
 # accuracy target the int8 quantisers aim at on their calibration text: a margin over the gate's 0.995 on texts
 # they never see (recipes/minilm-int8-accurate.yaml)
 INT8_ACCURACY_TARGET = "cos_min=0.997"
-GATE_BATCH_DEV = 1e-3
+GATE_BATCH_DEV = BATCH_DEV_BOUND
 GATE_COS_MIN = 0.995
 
 

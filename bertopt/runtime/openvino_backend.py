@@ -36,7 +36,7 @@ import numpy as np
 from bertopt.errors import ModelRunError, UserError, is_runtime_error, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
-from bertopt.params import STATIC_FULL_BATCH
+from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH
 from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
 
 PRECISIONS = ("auto", "bf16", "f32")
@@ -312,8 +312,27 @@ class FullBatchTimer:
         self.session, self.batch = session, int(batch)
         predictor = Predictor(session.model, session=session, batch_size=batch, max_seq_len=tokens)
         texts = (corpus() * (batch // len(corpus()) + 1))[:batch]
-        self.feeds, _ = predictor.feeds_for(predictor.tokenize(texts), pad_to=tokens)
+        self.feeds, self.lengths = predictor.feeds_for(predictor.tokenize(texts), pad_to=tokens)
         self.names = session.output_names[:1]
+        # the manifest's output names (a compiled port's first name may be another of its names)
+        self.token_level = {name: predictor.is_token_level(name) for name in predictor.output_names}
+
+    def deviation(self, executables: tuple[Executable, Executable]) -> tuple[float, str]:
+        """The largest 1 - cosine between the two executables' outputs for this batch (each text's row; each real
+        token's for token-level outputs) over every output, and the output it is in."""
+        names = list(self.token_level)
+        first, second = (self.session.run_on(e, names, self.feeds) for e in executables)
+        worst, where = 0.0, names[0]
+        for name, a, b in zip(names, first, second):
+            for j, length in enumerate(self.lengths):
+                x, y = (np.asarray(v[j][: int(length)] if self.token_level[name] else v[j], np.float64)
+                        for v in (a, b))
+                x, y = x.reshape(-1, x.shape[-1] if x.ndim else 1), y.reshape(-1, y.shape[-1] if y.ndim else 1)
+                norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+                cos = np.where(norms > 0, (x * y).sum(1) / np.maximum(norms, 1e-300), np.all(x == y, axis=1))
+                if len(cos) and 1.0 - float(cos.min()) > worst:
+                    worst, where = 1.0 - float(cos.min()), name
+        return worst, where
 
     def __call__(self, executable: Executable) -> float:
         from bertopt.runtime.predictor import side_by_side
@@ -350,7 +369,8 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
     """Whether the artifact's full batches (``batch`` texts x its window) should run on a copy of the model compiled
     for that shape. ``on`` / ``off``: as asked. ``auto``: measured here, one batch per stream side by side through
     each executable, rounds interleaved, medians: on when the fixed shape is at least
-    ``STATIC_FULL_BATCH_MIN_GAIN`` times as fast. Returns the decision (``on``) with what it rests on."""
+    ``STATIC_FULL_BATCH_MIN_GAIN`` times as fast and its outputs stay within ``BATCH_DEV_BOUND`` of the model's on
+    that batch (``fixed_vs_dynamic_dev``). Returns the decision (``on``) with what it rests on."""
     from bertopt.runtime.predictor import sequence_length
 
     if setting not in STATIC_FULL_BATCH.choices:
@@ -381,6 +401,16 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
         return {**found, "on": False, "why": "OpenVINO could not compile the model for that shape: "
                                             + session.fixed_shapes.failed[(int(batch), tokens)]}
     full(fixed)
+    # a copy compiled for one shape fuses and blocks differently, so its float rounding differs; static int8
+    # amplifies that where a value crosses a fixed quantisation step: NNCF static int8 MiniLM's copy moved its token
+    # states 1.4e-3 from the model's on an AVX-512 VNNI + BF16 EPYC (the model's own batches: 1e-4), so the gate
+    # failed what the stage had turned on. Such a copy is left off
+    moved, where = full.deviation((dynamic, fixed))
+    found["fixed_vs_dynamic_dev"] = float(f"{moved:.3g}")
+    if moved > BATCH_DEV_BOUND:
+        return {**found, "on": False,
+                "why": f"the copy's outputs moved {moved:.1e} from the model's on a full batch of {batch} x {tokens} "
+                       f"tokens ({where}), over the gate's batch deviation bound {BATCH_DEV_BOUND:g}; not timed"}
     # a slow batch gets fewer rounds: the measurement stays a few seconds of a stage (tune builds several)
     rounds = max(1, min(rounds, int(STATIC_FULL_BATCH_TIMING_S / (2 * seconds))))
     timed = full.interleaved({"dynamic": dynamic, "fixed": fixed}, rounds)

@@ -59,10 +59,10 @@ def test_every_family_builds_keeps_ffn_outputs_float_and_meets_its_target(family
     assert len(ffn_out) == 2 and report["ignored_scope"] == sorted(ffn_out), (family, report["ignored_scope"])
     assert set(ffn_out) <= set(report["kept_float_nodes"])
     assert report["quantized_nodes"] > 0
-    from bertopt.machine import has_int8_dot_product
+    from bertopt.stages.quantize.nncf_int8 import restored_mode
 
     mode = report["restored_matmuls"]["mode"]
-    assert mode == ("int8-dynamic" if has_int8_dot_product() else "float")
+    assert mode == restored_mode({"inference_precision": loaded.manifest["runtime_options"]["inference_precision"]})
     assert set(report["dynamic_int8_nodes"]) <= set(report["restored_matmuls"]["nodes"])
     assert ("dynamic_quantization_group_size" in loaded.manifest["runtime_options"]) == \
         bool(report["dynamic_int8_nodes"])
@@ -196,11 +196,17 @@ def test_restored_matmuls_run_as_dynamic_int8(tiny_onnx, tmp_path):
     assert cosine_rows(got, Predictor(tiny_onnx).encode(TEXTS)).min() >= FLOOR
 
 
-def test_restored_matmuls_auto_is_dynamic_int8_where_the_cpu_has_an_int8_dot_product(monkeypatch):
+def test_restored_matmuls_auto_is_dynamic_int8_where_the_cpu_has_an_int8_dot_product_and_f32_activations(
+        monkeypatch):
     from bertopt.stages.quantize import nncf_int8
 
-    monkeypatch.setattr("bertopt.machine.cpu_features", lambda: {"avx2", "avx512f", "avx512_vnni"})
-    assert nncf_int8.restored_mode({"restored_matmuls": "auto"}) == "int8-dynamic"
+    vnni = {"avx2", "avx512f", "avx512_vnni"}
+    monkeypatch.setattr("bertopt.machine.cpu_features", lambda: vnni)
+    assert nncf_int8.restored_mode({"restored_matmuls": "auto"}) == "int8-dynamic"  # bf16 asked, runs f32 here
+    # with native bf16 the float part runs bf16, whose activations OpenVINO never quantises dynamically
+    monkeypatch.setattr("bertopt.machine.cpu_features", lambda: vnni | {"avx512_bf16"})
+    assert nncf_int8.restored_mode({"restored_matmuls": "auto", "inference_precision": "bf16"}) == "float"
+    assert nncf_int8.restored_mode({"restored_matmuls": "auto", "inference_precision": "f32"}) == "int8-dynamic"
     monkeypatch.setattr("bertopt.machine.cpu_features", lambda: {"avx2"})
     assert nncf_int8.restored_mode({}) == "float"
     assert nncf_int8.restored_mode({"restored_matmuls": "int8-dynamic"}) == "int8-dynamic"

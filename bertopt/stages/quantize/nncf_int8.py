@@ -23,9 +23,11 @@ smoothing of its input stays, which is why it is not used: docs/quantization.md)
 How a restored MatMul then runs is ``--restored-matmuls``: ``int8-dynamic`` keeps its int8 weights as NNCF stored
 them and has OpenVINO quantise its activations per token and group of 32 channels as each batch runs (dynamic
 quantisation, batch-invariant: a token's scale is its own), ``float`` stores its weights decompressed. ``auto``
-(the default) is int8-dynamic where the CPU has an int8 dot product and float elsewhere: OpenVINO runs no dynamic
-quantisation without VNNI / AMX (on an AVX2-only EPYC the outputs with and without it were bit-identical, and its
-int8-weight MatMuls ran at 0.88-0.94x float ones), while with VNNI / AMX kernels MiniLM's static int8 ran at 1.11x
+(the default) is int8-dynamic where the CPU has an int8 dot product and the float part runs f32 (``--inference-precision
+f32``, or bf16 where it is not native), float elsewhere: OpenVINO runs no dynamic quantisation without VNNI / AMX
+(on an AVX2-only EPYC the outputs with and without it were bit-identical, and its int8-weight MatMuls ran at
+0.88-0.94x float ones) nor on bf16 activations (on an AVX-512 VNNI + BF16 EPYC they ran as bf16 MatMuls
+decompressing their weights), while with VNNI / AMX kernels and an f32 float part MiniLM's static int8 ran at 1.11x
 its float-restored form at the same fidelity (docs/performance.md). The search measures the form it builds: every
 candidate is compiled with the dynamic quantisation the artifact will run with.
 """
@@ -42,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from bertopt.errors import UserError
-from bertopt.params import STATIC_FULL_BATCH, Param
+from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
 from bertopt.stages.quantize.openvino_int8 import (
     ACTIVATION_GROUP_SIZE,
@@ -55,7 +57,7 @@ from bertopt.stages.quantize.smoothing import SMOOTH_ALPHA as SMOOTH_ALPHA_PARAM
 MODEL_FILE = "model.xml"
 MODEL_FORMAT = "openvino-ir"
 DEFAULT_TARGET = "cos_min=0.997"
-BATCH_DEV_MAX = 1e-3  # 1 - cosine of a held-back text alone vs inside a batch (the release gate's bound)
+BATCH_DEV_MAX = BATCH_DEV_BOUND  # 1 - cosine of a held-back text alone vs inside a batch (the release gate's)
 HELD_BACK_EVERY = 4  # every 4th calibration text is held back to measure the result
 HELD_BATCH = 16  # held-back texts per padded batch in the batched measurement
 RANK_TEXTS = 24  # held-back texts the ranking measures each candidate on
@@ -80,9 +82,10 @@ NNCF_PARAMS = (
     Param("restored_matmuls", str, "auto", "How the MatMuls the ranked search takes "
           "out of static int8 run. int8-dynamic: int8 weights, activations quantised per token and group of "
           f"{DYNAMIC_GROUP} channels as each batch runs (OpenVINO's dynamic quantisation; 1.11x the float form at "
-          "the same fidelity on MiniLM with VNNI / AMX kernels); float: weights decompressed once. auto: "
-          "int8-dynamic where the CPU has an int8 dot product (VNNI / AMX), float elsewhere (OpenVINO has no dynamic "
-          "int8 there).", choices=RESTORED_MODES),
+          "the same fidelity on MiniLM with VNNI / AMX kernels, f32 float part); float: weights decompressed "
+          "once. auto: int8-dynamic where the CPU has an int8 dot product (VNNI / AMX) and the float part runs "
+          "f32, float elsewhere (OpenVINO quantises no bf16 activations, and none without VNNI / AMX).",
+          choices=RESTORED_MODES),
 )
 
 
@@ -99,9 +102,13 @@ def restored_mode(config: dict[str, Any]) -> str:
     mode = config.get("restored_matmuls") or "auto"
     if mode != "auto":
         return mode
-    from bertopt.machine import has_int8_dot_product
+    from bertopt.machine import has_int8_dot_product, has_native_bf16
 
-    return "int8-dynamic" if has_int8_dot_product() else "float"
+    # OpenVINO quantises f32 activations only: with a bf16 float part (OpenVINO 2026.4, AVX-512 VNNI + BF16 EPYC)
+    # a restored MatMul ran as a bf16 one decompressing its int8 weights on every call, no faster than float
+    # weights and less faithful (corpus cosine min 0.9958 against 0.9975). bf16 asked where it is not native runs f32
+    bf16 = config.get("inference_precision", "bf16") == "bf16" and has_native_bf16()
+    return "int8-dynamic" if has_int8_dot_product() and not bf16 else "float"
 
 
 def runtime_options(config: dict[str, Any], dynamic: bool = False) -> dict[str, Any]:
