@@ -7,13 +7,13 @@ FFN outputs by design and those its ranked search restores to meet the accuracy 
 This probe gives those weight MatMuls int8 weights (per output channel, symmetric, rounded to nearest) and compiles
 with OpenVINO's per-token dynamic activation quantisation (``DYNAMIC_QUANTIZATION_GROUP_SIZE=32``), so they run
 int8 kernels with a scale per token and group of 32 channels, while the static ones keep their calibrated scales.
-The stage builds the first hybrid itself (``--restored-matmuls int8-dynamic``, the default on a VNNI / AMX CPU);
-give this probe an artifact built with ``--restored-matmuls float`` to see both forms of the same search. Variants:
-the parent (float), the static int8 as built, the hybrid (restored MatMuls dynamic int8), the hybrid with
-the FFN outputs dynamic int8 too, and ``--dynamic`` (an ``int8-dynamic --runtime openvino`` artifact). For each:
-cosine min / mean of the primary output against the parent on built-in text (each text alone), and texts/s on a
-padded batch (``--batch`` x ``--tokens``), one stream, rounds interleaved, medians. Prints a table naming the CPU's
-features and writes JSON under benchmarks/results/ (``--json`` for another path).
+The stage builds the first hybrid itself (``--restored-matmuls int8-dynamic``, the default on a VNNI / AMX CPU
+with an f32 float part); give this probe an artifact built with ``--restored-matmuls float`` to see both forms of
+the same search. Variants: the parent (float), the static int8 as built, the hybrid (restored MatMuls dynamic
+int8), the hybrid with the FFN outputs dynamic int8 too, and ``--dynamic`` (an ``int8-dynamic --runtime openvino``
+artifact). For each: cosine min / mean of the primary output against the parent on built-in text (each text
+alone), and texts/s on a padded batch (``--batch`` x ``--tokens``), one stream, rounds interleaved, medians. Prints a
+table naming the CPU's features and writes JSON under benchmarks/results/ (``--json`` for another path).
 """
 
 from __future__ import annotations
