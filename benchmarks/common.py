@@ -87,12 +87,11 @@ def cpu_line(machine: dict[str, Any]) -> str:
 def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
     """Peak arithmetic rate per data type from the clock and the vector/matrix units the CPU reports.
 
-    Assumes two 512-bit FMA pipes per core (Zen 5, Sapphire Rapids and later; Zen 4 runs 512-bit ops
-    double-pumped and has half of this), or two 256-bit ones on an AVX2-only CPU (fp32 2 x 8 x 2; no int8 or
-    bf16 peak is given there: neither has a dot-product instruction). FLOPs per cycle per core: fp32 FMA 2 pipes
-    x 16 lanes x 2;
-    bf16 dot product (VDPBF16PS) 2 x 16 x 4; int8 VNNI (VPDPBUSD) 2 x 16 x 8 ops; AMX tiles (where present)
-    bf16 1024 and int8 2048 per cycle.
+    Assumes two 512-bit FMA pipes per core (Zen 5, Sapphire Rapids and later), or two 256-bit ones on an AVX2-only
+    CPU (fp32 2 x 8 x 2; no int8 or bf16 peak is given there: neither has a dot-product instruction) and on a Zen 4
+    (AMD family 25 with AVX-512: it runs a 512-bit instruction on 256-bit units, so half the AVX-512 figures).
+    FLOPs per cycle per core: fp32 FMA 2 pipes x 16 lanes x 2; bf16 dot product (VDPBF16PS) 2 x 16 x 4; int8 VNNI
+    (VPDPBUSD) 2 x 16 x 8 ops; AMX tiles (where present) bf16 1024 and int8 2048 per cycle.
     """
     ghz = (machine.get("cpu_mhz") or 0) / 1000
     cores = cores or machine.get("cpus") or 1
@@ -103,11 +102,14 @@ def peak_gflops(machine: dict[str, Any], cores: int | None = None) -> dict[str, 
         per_cycle["bf16"] = 128
     if "avx512_vnni" in flags:
         per_cycle["int8"] = 256
+    pipes = "2x512-bit" if "avx512f" in flags else "2x256-bit (AVX2)"
+    if "avx512f" in flags and machine.get("cpu_vendor") == "AuthenticAMD" and machine.get("cpu_family") == 25:
+        per_cycle = {kind: rate // 2 for kind, rate in per_cycle.items()}
+        pipes = "2x256-bit (Zen 4: AVX-512 on 256-bit units)"
     if "amx_bf16" in flags:
         per_cycle["bf16"] = 1024
     if "amx_int8" in flags:
         per_cycle["int8"] = 2048
-    pipes = "2x512-bit" if "avx512f" in flags else "2x256-bit (AVX2)"
     return {"ghz": ghz, "cores": cores, "assumption": f"{pipes} FMA pipes/core; AMX if flagged",
             **{k: v * ghz * cores for k, v in per_cycle.items()}}
 

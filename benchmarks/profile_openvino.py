@@ -217,7 +217,8 @@ def main(argv=None) -> int:
                   f"unprofiled pass {wall_s * 1e3:.1f} ms -> {achieved_gops:.0f} GOPS (2 ops/MAC)")
     if int8_peak:
         per_cycle = int8_peak / (threads * peak["ghz"])
-        unit = "AMX tiles" if per_cycle > 256 else "2 x 512-bit VNNI pipes x 64 MACs x 2"
+        unit = {128: "2 x 256-bit VNNI pipes x 32 MACs x 2 (Zen 4)"}.get(
+            round(per_cycle), "AMX tiles" if per_cycle > 256 else "2 x 512-bit VNNI pipes x 64 MACs x 2")
         console.print(f"  int8 peak = {threads} cores x {peak['ghz']:.2f} GHz x {per_cycle:.0f} ops/cycle ({unit}) "
                       f"= {int8_peak:.0f} GOPS -> {achieved_gops / int8_peak:.1%} of peak")
         if peak.get("bf16"):

@@ -92,6 +92,12 @@ def machine_info() -> dict[str, Any]:
                 info["cpu_model"] = line.split(":", 1)[1].strip()
             if line.startswith("cpu MHz") and "cpu_mhz" not in info:
                 info["cpu_mhz"] = float(line.split(":", 1)[1])
+            # vendor, family and model number name the core generation where "model name" does not ("AMD EPYC")
+            if line.startswith("vendor_id") and "cpu_vendor" not in info:
+                info["cpu_vendor"] = line.split(":", 1)[1].strip()
+            for key, field in (("cpu family", "cpu_family"), ("model\t", "cpu_model_number")):
+                if line.startswith(key) and field not in info and line.split(":", 1)[1].strip().isdigit():
+                    info[field] = int(line.split(":", 1)[1])
         flags = _flags_of(text)
         info["flags"] = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni")))
         info["cpu_features"] = sorted(cpu_features(flags))

@@ -326,6 +326,33 @@ def test_the_cpu_line_and_peaks_follow_a_onednn_isa_cap():
     assert uncapped["int8"] == 2048 * 2.0 * 2
 
 
+def test_a_zen_4_is_given_half_the_avx512_peaks():
+    # AMD family 25 with AVX-512 (Zen 4, "AMD EPYC" by name) runs a 512-bit instruction on 256-bit units: the
+    # profile's "% of peak" on such a host was half what it should be
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from common import peak_gflops
+    finally:
+        sys.path.pop(0)
+    features = ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"]
+    zen4 = {"cpu_model": "AMD EPYC", "cpus": 2, "cpu_mhz": 2500.0, "cpu_vendor": "AuthenticAMD", "cpu_family": 25,
+            "cpu_model_number": 17, "cpu_features": features}
+    peaks = peak_gflops(zen4)
+    assert (peaks["fp32"], peaks["bf16"], peaks["int8"]) == (32 * 5.0, 64 * 5.0, 128 * 5.0)
+    assert "Zen 4" in peaks["assumption"]
+    zen5 = peak_gflops({**zen4, "cpu_family": 26, "cpu_model_number": 2})
+    assert (zen5["bf16"], zen5["int8"]) == (128 * 5.0, 256 * 5.0)
+
+
+def test_machine_info_names_the_cpu_generation():
+    from bertopt.machine import machine_info
+
+    info = machine_info()
+    if Path("/proc/cpuinfo").exists():
+        assert isinstance(info["cpu_family"], int) and isinstance(info["cpu_model_number"], int)
+        assert info["cpu_vendor"] in Path("/proc/cpuinfo").read_text()
+
+
 def test_fixed_shape_script_smoke(tiny_onnx, tmp_path):
     """benchmarks/fixed_shape.py on a tiny OpenVINO artifact: each shape timed on the dynamic model and on a copy
     compiled for it, the table names the CPU's features, JSON written; an ONNX Runtime artifact is refused."""
