@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bertopt.errors import UserError, require
-from bertopt.families import family_by_name, family_for_config
+from bertopt.families import TOKEN_TYPE_IDS, family_by_name, family_for_config
 from bertopt.model_handle import ModelHandle
 from bertopt.sources.files import check_source_file, check_source_files, folder_name_problem, read_source_text
 from bertopt.tasks import MAX_LABEL_CHARS, MAX_LABELS, TASK_SPECS, TASKS, canonical_task, task_spec
@@ -311,10 +311,12 @@ def _tokenizer_max_length(path: Path) -> int | None:
 
 # -- tokenizer -----------------------------------------------------------------------------------------------
 
-def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size: int | None = None) -> None:
+def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size: int | None = None,
+                   type_vocab_size: int | None = None) -> None:
     """Copy tokenizer files, building ``tokenizer.json`` when the folder has none (from vocab.txt, from
     vocab.json + merges.txt, or from a SentencePiece model, as the family declares), and check that its
-    vocabulary fits the model's embedding table."""
+    vocabulary fits the model's embedding table and, given ``type_vocab_size`` for a model that reads token
+    type ids, that the token types it gives fit the token-type table."""
     fam = family_by_name(family)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -328,6 +330,22 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
     # read now (the copy: a regular file), so a tokenizer.json that is no tokenizer is named as the user's file
     tokenizer = read_tokenizer_json(dest / "tokenizer.json", shown_as=src / "tokenizer.json")
     check_tokenizer_fits(tokenizer, src, vocab_size)
+    if type_vocab_size is not None and TOKEN_TYPE_IDS in fam.input_names({"type_vocab_size": type_vocab_size}):
+        check_token_types_fit(tokenizer, src, int(type_vocab_size))
+
+
+def check_token_types_fit(tokenizer, src: Path, type_vocab_size: int) -> None:
+    """The token types the tokenizer's post-processor gives a text and a text pair are rows of the model's
+    token-type table: past it, ONNX Runtime fails the batch and OpenVINO's Gather reads zeros, a silently wrong
+    embedding for every pair."""
+    encodings = (("a text", tokenizer.encode("a")), ("the second text of a pair", tokenizer.encode("a", "b")))
+    for which, encoding in encodings:
+        largest = max(encoding.type_ids, default=0)
+        if largest >= type_vocab_size:
+            raise UserError(f"the tokenizer in {src} gives {which} the token type {largest}, but the model's "
+                            f"token-type table has {type_vocab_size} row{'s' if type_vocab_size != 1 else ''} "
+                            f"(types 0-{type_vocab_size - 1}); use the tokenizer the model was trained with, or "
+                            "fix 'type_id' in the post_processor of its tokenizer.json")
 
 
 # text no vocabulary covers whole: a rare script, an emoji, a word longer than WordPiece's 100-character limit
