@@ -244,10 +244,10 @@ THREADS = Param("threads", int, None, "CPU threads per model session (default: e
                 min=1, max=MAX_THREADS)
 BATCH_SIZE = Param("batch_size", int, 32, "Texts per model call (length-bucketed: texts are sorted by length "
                    "first).", min=1, max=MAX_BATCH_SIZE)
-# an OpenVINO artifact's runtime option, written by the stages that make one (compile, quantize --runtime openvino)
 # the release gate's bound on batch deviation: 1 - cosine of a text's output alone vs inside a batch (a token's, for
 # token states). tune's gate, the static int8 search and a full batch's fixed-shape copy are all held to it
 BATCH_DEV_BOUND = 1e-3
+# an OpenVINO artifact's runtime option, written by the stages that make one (compile, quantize --runtime openvino)
 STATIC_FULL_BATCH = Param("static_full_batch", str, "auto", "OpenVINO: also compile the model for the one shape of a "
                           "full batch (batch size x the window: long documents, padded input) and run such batches "
                           "on it; its kernels were 1.05-1.16x faster on MiniLM, no faster on MPNet, for a second "
