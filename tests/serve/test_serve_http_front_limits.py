@@ -145,11 +145,12 @@ def _queue_depth(server) -> int:
 
 @pytest.fixture(scope="module")
 def impatient_server(tiny_onnx, tmp_path_factory, server_process):
-    """One-text mini-jobs on one worker (a 2048-text request queues 2048 pieces), a 2 s request timeout and a
-    small token budget per request."""
+    """One-text mini-jobs on one worker (an 8192-text request queues 8192 pieces), a 2 s request timeout and a
+    token budget per request."""
     server = server_process(tiny_onnx.path, tmp_path_factory.mktemp("impatient"), "--request-timeout", "2",
                             "--body-timeout", str(BODY_TIMEOUT_S), "--max-batch-size", "1",
-                            "--priority-batch-size", "0", "--max-request-tokens", "20000", num_worker=1, http=True)
+                            "--priority-batch-size", "0", "--max-request-tokens", "60000",
+                            "--max-client-batch-size", "8192", num_worker=1, http=True)
     try:
         yield server
     finally:
@@ -168,7 +169,9 @@ def test_a_request_nobody_waits_for_leaves_the_fleet_queue(impatient_server, how
     """Its queued pieces are dropped at once: before, they stayed queued (and were computed) for a client that was
     gone, so the queue grew past every bound under a flood of timeouts and starved the clients still waiting."""
     server = impatient_server
-    body = json.dumps({"inputs": [f"text number {i}" for i in range(2048)]}).encode()
+    # 8192 one-text mini-jobs (~50,000 tokens): on an AVX-512 EPYC one worker ran 2048 of them inside the 2 s
+    # timeout, and the request answered 200
+    body = json.dumps({"inputs": [f"text number {i}" for i in range(8192)]}).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
     sock.sendall(_post_head("/embed", len(body)) + body)
     _wait_for("the request never reached the queue", lambda: _queue_depth(server) > 100)
@@ -179,7 +182,7 @@ def test_a_request_nobody_waits_for_leaves_the_fleet_queue(impatient_server, how
         assert _read_answer(sock)[0] == 504
         sock.close()
         status = "504"
-    # 2048 one-text mini-jobs take far longer than this on one worker
+    # 8192 one-text mini-jobs take far longer than this on one worker
     _wait_for("the dropped request's pieces stayed queued", lambda: _queue_depth(server) == 0, timeout_s=10)
     assert _metric(server, "bertopt_http_requests_total", route="/embed", status=status) >= 1
     answer = httpx.post(server.url + "/embed", json={"inputs": ["still answered"]}, timeout=30)
@@ -221,9 +224,9 @@ def test_a_connection_whose_headers_never_come_is_closed(impatient_server, sent)
 def test_tokenize_answers_at_most_the_request_token_budget(impatient_server):
     """/tokenize builds a JSON object per token (~1 kB of Python each while it is built): 4 MB of text within every
     other limit made a 131 MB answer and 1 GB of server memory."""
-    texts = ["word " * 400] * 60  # ~24,000 tokens, over this server's --max-request-tokens 20000
+    texts = ["word " * 400] * 180  # ~72,000 tokens, over this server's --max-request-tokens 60000
     answer = httpx.post(impatient_server.url + "/tokenize", json={"inputs": texts}, timeout=60)
     assert answer.status_code == 413, answer.text
-    assert "more than this server's limit of 20000 (--max-request-tokens)" in answer.json()["error"]
+    assert "more than this server's limit of 60000 (--max-request-tokens)" in answer.json()["error"]
     ok = httpx.post(impatient_server.url + "/tokenize", json={"inputs": texts[:10]}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()) == 10
