@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tokenizer_edits import pair_type_past_table
 
 from bertopt.harness import free_port
 
@@ -468,21 +469,6 @@ def _tokenizer_edit(c: Ctx, edit) -> Path:
 def _sparse_id(data):
     vocab = data["model"]["vocab"]
     vocab[sorted(vocab, key=vocab.get)[-1]] = 5000  # as many tokens as rows, one of them numbered past the table
-
-
-def _pair_type_past_table(data):
-    # BertProcessing's pair as a template whose second text is token type 5, where the table has 2 rows: ONNX
-    # Runtime failed such a pair at run time and OpenVINO's Gather read zeros for it (a wrong embedding, no error)
-    cls, sep = data["post_processor"]["cls"], data["post_processor"]["sep"]
-
-    def piece(kind, name, type_id):
-        return {kind: {"id": name, "type_id": type_id}}
-    data["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [piece("SpecialToken", cls[0], 0), piece("Sequence", "A", 0), piece("SpecialToken", sep[0], 0)],
-        "pair": [piece("SpecialToken", cls[0], 0), piece("Sequence", "A", 0), piece("SpecialToken", sep[0], 0),
-                 piece("Sequence", "B", 5), piece("SpecialToken", sep[0], 5)],
-        "special_tokens": {name: {"id": name, "ids": [i], "tokens": [name]} for name, i in (cls, sep)}}
 
 
 def _growing_chain(data):
@@ -1103,7 +1089,7 @@ CASES = {
         ["export", _tokenizer_edit(c, lambda d: d["post_processor"].update(sep=["[SEP]", 99999])),
          "--out", c.tmp / "a"], "gives the post-processor's '[SEP]' the id 99999", [c.tmp / "a"]),
     "export: a post-processor giving a pair's second text a token type past the table (zeros on OpenVINO)":
-        lambda c: (["export", _tokenizer_edit(c, _pair_type_past_table), "--out", c.tmp / "a"],
+        lambda c: (["export", _tokenizer_edit(c, pair_type_past_table), "--out", c.tmp / "a"],
                    "gives the second text of a pair the token type 5, but the model's token-type table has 2 rows",
                    [c.tmp / "a"]),
     "export: a WordPiece whose [UNK] is not in its vocabulary (traceback on new words)": lambda c: (

@@ -160,6 +160,24 @@ def _checkpoint_copy(tiny_ckpt, tmp_path) -> Path:
     return folder
 
 
+def test_a_token_type_past_the_checkpoints_table_is_refused(tiny_ckpt, tmp_path, cli):
+    # the Keras BERT gathers token types from a table of type_vocab_size rows: a tokenizer giving a pair's second
+    # text type 5 exported fine, then TensorFlow failed every pair on a CPU (on a GPU its gather returns zeros)
+    from tokenizer_edits import pair_type_past_table
+
+    from bertopt.sources.hf import build_wordpiece_tokenizer
+
+    folder = _checkpoint_copy(tiny_ckpt, tmp_path)
+    data = json.loads(build_wordpiece_tokenizer(folder / "vocab.txt", True).to_str())
+    pair_type_past_table(data)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    code, _, err = cli("freeze", folder, "--out", tmp_path / "a")
+    assert code == 2, err
+    assert "gives the second text of a pair the token type 5, but the model's token-type table has 2 rows" in err
+    assert len(err.strip().splitlines()) == 1
+    _nothing_written(tmp_path / "a")
+
+
 def test_a_checkpoint_state_file_cannot_lead_to_weights_elsewhere(tiny_ckpt, tmp_path, cli):
     """A folder named like the checkpoint prefix, holding a 'checkpoint' file that names weights outside: TensorFlow
     read those (the artifact held weights from anywhere on the machine)."""
