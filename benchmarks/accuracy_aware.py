@@ -112,8 +112,8 @@ def main() -> None:
     args = parser.parse_args()
 
 
+    from bertopt.cosine import cosine_rows
     from bertopt.data import corpus, mixed_text
-    from bertopt.measure.compare import cosine_rows
     from bertopt.runtime import Predictor
     from bertopt.validate.reference import reference_predictor
 

@@ -113,7 +113,7 @@ def ndcg_at_10(got, ref, group: int = 16) -> float:
 def fidelity(task: str, got, ref, info) -> dict[str, float]:
     import numpy as np
 
-    from bertopt.measure.compare import cosine_rows
+    from bertopt.cosine import cosine_rows
 
     if task == "embedding":
         return {"cos_min": float(cosine_rows(got, ref).min())}

@@ -149,10 +149,10 @@ def main(args) -> int:
 
     from bertopt.artifact import Artifact
     from bertopt.bench import mixed_texts
+    from bertopt.cosine import cosine_rows
     from bertopt.data import corpus
     from bertopt.errors import UserError
     from bertopt.machine import has_native_bf16, machine_info
-    from bertopt.measure.compare import cosine_rows
     from bertopt.output_paths import write_json
     from bertopt.sources import resolve_source
 

@@ -43,6 +43,12 @@ def primary_output(model: Any) -> str | None:
     return model.model_info.get("primary_output") or (model.outputs[-1]["name"] if model.outputs else None)
 
 
+def reads_token_types(inputs: Any) -> bool:
+    """Whether a model with these input specs reads token type ids (an input whose role is token_type_ids; a spec
+    without a role is named for it): the one test of whether a tokenizer's token types must fit its table."""
+    return any(spec.get("role", spec["name"]) == "token_type_ids" for spec in inputs)
+
+
 def output_kinds(outputs: Any) -> dict[str, str]:
     """Output name -> kind (embedding, token, logits, ...); an output that records none is an embedding."""
     return {o["name"]: o.get("kind", "embedding") for o in outputs}

@@ -20,7 +20,7 @@ def served_deviation(got, want) -> float:
     hold against ``Artifact.served_deviation_bound()``."""
     import numpy as np
 
-    from bertopt.measure.compare import cosine_rows
+    from bertopt.cosine import cosine_rows
 
     got, want = np.atleast_2d(np.asarray(got)), np.atleast_2d(np.asarray(want))
     if got.shape != want.shape:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
 from bertopt.families import family_for_config
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference, read_model_info

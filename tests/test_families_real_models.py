@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
 from bertopt.machine import has_int8_dot_product
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 

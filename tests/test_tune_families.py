@@ -10,7 +10,7 @@ import pytest
 from tune_checks import TEXTS, check_reports
 
 from bertopt.artifact import Artifact
-from bertopt.measure.compare import cosine_rows
+from bertopt.cosine import cosine_rows
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference
 from bertopt.tiny_models import FAMILY_FIXTURES, build_tiny_family_model

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from bertopt.measure.compare import cosine_rows
+from bertopt.cosine import cosine_rows
 
 BATCH_SIZES = (1, 7, 32)
 PROBE_TEXTS = 64

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.cosine import ROWS_PER_SLICE, cosine_rows
+
 
 def flatten_outputs(values) -> np.ndarray:
     if isinstance(values, list):
@@ -17,32 +19,6 @@ def flatten_outputs(values) -> np.ndarray:
             return np.zeros((0, 1))
         return np.concatenate([v.reshape(-1, v.shape[-1]) for v in values if v.size], axis=0)
     return values
-
-
-# rows per slice of the cosine's float64 work: the arithmetic is row-wise, so slicing changes no figure, and a
-# slice's temporaries stay small instead of full-size float64 copies (with one pass for figures and plot sample,
-# MiniLM's outputs on the gate's 831 texts, 14.9 M values: 1.32 s -> 0.43 s a comparison, peak memory 667 -> 333 MiB;
-# benchmarks/gate_cost.py)
-_ROWS_PER_SLICE = 4096
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine of each row of ``a`` with the same row of ``b``, computed in float64."""
-    out = np.empty(len(a), dtype=np.float64)
-    for start in range(0, len(a), _ROWS_PER_SLICE):
-        stop = start + _ROWS_PER_SLICE
-        out[start:stop] = _cosine_slice(a[start:stop].astype(np.float64), b[start:stop].astype(np.float64))
-    return out
-
-
-def _cosine_slice(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    na = np.linalg.norm(a, axis=1)
-    nb = np.linalg.norm(b, axis=1)
-    denom = na * nb
-    cos = np.divide((a * b).sum(axis=1), denom, out=np.ones_like(denom), where=denom > 0)
-    # two zero vectors are identical; one zero vector against a non-zero one is maximally wrong
-    cos[(na == 0) ^ (nb == 0)] = 0.0
-    return cos
 
 
 def neighbour_agreement(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
@@ -68,11 +44,11 @@ def _within(err: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> int:
     rows = err.shape[0] if err.ndim else 1
     err, ref = err.reshape(rows, -1), np.asarray(ref).reshape(rows, -1)
     count = 0
-    for start in range(0, rows, _ROWS_PER_SLICE):
-        bound = np.abs(ref[start:start + _ROWS_PER_SLICE], dtype=np.float64)
+    for start in range(0, rows, ROWS_PER_SLICE):
+        bound = np.abs(ref[start:start + ROWS_PER_SLICE], dtype=np.float64)
         bound *= rtol
         bound += atol
-        count += int(np.count_nonzero(err[start:start + _ROWS_PER_SLICE] <= bound))
+        count += int(np.count_nonzero(err[start:start + ROWS_PER_SLICE] <= bound))
     return count
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.cosine import min_row_cosine
 from bertopt.errors import ModelRunError, UserError, is_runtime_error, require
 from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
@@ -325,13 +326,10 @@ class FullBatchTimer:
         worst, where = 0.0, names[0]
         for name, a, b in zip(names, first, second):
             for j, length in enumerate(self.lengths):
-                x, y = (np.asarray(v[j][: int(length)] if self.token_level[name] else v[j], np.float64)
-                        for v in (a, b))
-                x, y = x.reshape(-1, x.shape[-1] if x.ndim else 1), y.reshape(-1, y.shape[-1] if y.ndim else 1)
-                norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
-                cos = np.where(norms > 0, (x * y).sum(1) / np.maximum(norms, 1e-300), np.all(x == y, axis=1))
-                if len(cos) and 1.0 - float(cos.min()) > worst:
-                    worst, where = 1.0 - float(cos.min()), name
+                moved = 1.0 - min_row_cosine(*(v[j][: int(length)] if self.token_level[name] else v[j]
+                                                for v in (a, b)))
+                if moved > worst:
+                    worst, where = moved, name
         return worst, where
 
     def __call__(self, executable: Executable) -> float:

@@ -16,11 +16,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from bertopt.errors import UserError, require
-from bertopt.families import TOKEN_TYPE_IDS, family_by_name, family_for_config
-from bertopt.model_handle import ModelHandle
+from bertopt.families import family_by_name, family_for_config
+from bertopt.model_handle import ModelHandle, reads_token_types
 from bertopt.sources.files import check_source_file, check_source_files, folder_name_problem, read_source_text
 from bertopt.tasks import MAX_LABEL_CHARS, MAX_LABELS, TASK_SPECS, TASKS, canonical_task, task_spec
 
@@ -312,11 +312,11 @@ def _tokenizer_max_length(path: Path) -> int | None:
 # -- tokenizer -----------------------------------------------------------------------------------------------
 
 def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size: int | None = None,
-                   type_vocab_size: int | None = None) -> None:
+                   type_vocab_size: int | None = None, inputs: Sequence[dict[str, Any]] = ()) -> None:
     """Copy tokenizer files, building ``tokenizer.json`` when the folder has none (from vocab.txt, from
     vocab.json + merges.txt, or from a SentencePiece model, as the family declares), and check that its
-    vocabulary fits the model's embedding table and, given ``type_vocab_size`` for a model that reads token
-    type ids, that the token types it gives fit the token-type table."""
+    vocabulary fits the model's embedding table and, given ``type_vocab_size`` and a model whose ``inputs`` read
+    token type ids, that the token types it gives fit the token-type table."""
     fam = family_by_name(family)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -330,7 +330,7 @@ def copy_tokenizer(src: Path, dest: Path, family: str | None = None, vocab_size:
     # read now (the copy: a regular file), so a tokenizer.json that is no tokenizer is named as the user's file
     tokenizer = read_tokenizer_json(dest / "tokenizer.json", shown_as=src / "tokenizer.json")
     check_tokenizer_fits(tokenizer, src, vocab_size)
-    if type_vocab_size is not None and TOKEN_TYPE_IDS in fam.input_names({"type_vocab_size": type_vocab_size}):
+    if type_vocab_size is not None and reads_token_types(inputs):
         check_token_types_fit(tokenizer, src, int(type_vocab_size))
 
 

@@ -101,7 +101,7 @@ def export_hf_to_onnx(source, config, out_dir: Path, overwrite: bool):
                         overwrite=overwrite) as w:
         w.model_info = info
         copy_tokenizer(source.path, w.dir / "tokenizer", family=info["family"], vocab_size=info.get("vocab_size"),
-                       type_vocab_size=info.get("type_vocab_size"))
+                       type_vocab_size=info.get("type_vocab_size"), inputs=inputs)
         module = build_encoder_module(source.path, info, pooling)
         dummy = tuple(torch.ones(2, 8, dtype=torch.long) if s["name"] != "token_type_ids"
                       else torch.zeros(2, 8, dtype=torch.long) for s in inputs)
@@ -228,7 +228,7 @@ def import_onnx(source, config, out_dir: Path, overwrite: bool):
                         overwrite=overwrite) as w:
         w.model_info = info
         copy_tokenizer(tok_dir, w.dir / "tokenizer", family=info.get("family"), vocab_size=info.get("vocab_size"),
-                       type_vocab_size=info.get("type_vocab_size"))
+                       type_vocab_size=info.get("type_vocab_size"), inputs=inputs)
         if appended:
             save_onnx(model, w.dir / "model.onnx", external=uses_external_data(source.path))
             w.report["exporter"] = ("import (ONNX file as is, with its external data) + the sentence-transformers "

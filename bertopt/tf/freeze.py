@@ -46,9 +46,8 @@ def freeze(input, config, out_dir: Path, overwrite: bool):
             w.model_info["max_seq_len"] = config["max_seq_len"]
         w.runtime = "tensorflow"
         # a graph that reads token types from a table of known size: the tokenizer's types must be rows of it
-        reads_types = any(spec.get("role") == "token_type_ids" for spec in model.inputs)
         copy_tokenizer(model.tokenizer_dir, w.dir / "tokenizer", vocab_size=embedding_rows(model),
-                       type_vocab_size=model.model_info.get("type_vocab_size") if reads_types else None)
+                       type_vocab_size=model.model_info.get("type_vocab_size"), inputs=model.inputs)
         save_graph_def(graph_def, w.dir / GRAPH_FILE)
         w.set_model(GRAPH_FILE, "tf-graphdef", model.inputs, model.outputs, precision="fp32")
         stats = graph_stats(graph_def)

@@ -285,7 +285,7 @@ def export_hf_to_savedmodel(source, config, out_dir: Path, overwrite: bool):
         w.model_info = model_info
         w.runtime = "tensorflow"
         copy_tokenizer(source.path, w.dir / "tokenizer", vocab_size=arch["vocab_size"],
-                       type_vocab_size=arch["type_vocab_size"])
+                       type_vocab_size=arch["type_vocab_size"], inputs=inputs)
         from bertopt.tf._layers import ServingModule
 
         ServingModule(encoder, "attention_mask", tf.int64).save(str(w.dir / SAVEDMODEL_DIR))
@@ -317,10 +317,11 @@ def export_checkpoint_to_savedmodel(source, config, out_dir: Path, overwrite: bo
                         overwrite=overwrite) as w:
         w.model_info = model_info_from_arch(arch, pooling, False, "encoder", config["max_seq_len"])
         w.runtime = "tensorflow"
+        inputs = input_specs("input_mask", "int32")
         copy_tokenizer(source.path, w.dir / "tokenizer", vocab_size=arch["vocab_size"],
-                       type_vocab_size=arch["type_vocab_size"])
+                       type_vocab_size=arch["type_vocab_size"], inputs=inputs)
         ServingModule(encoder, "input_mask", tf.int32).save(str(w.dir / SAVEDMODEL_DIR))
-        w.set_model(SAVEDMODEL_DIR, "tf-savedmodel", input_specs("input_mask", "int32"),
+        w.set_model(SAVEDMODEL_DIR, "tf-savedmodel", inputs,
                     encoder_output_specs(arch["hidden_size"], pooling, False), precision="fp32")
         w.extra["tensorflow"] = {"signature": "serving_default"}
         w.report.update({"exporter": f"bertopt Keras BERT from {checkpoint_prefix(source.path).name}", **load_report})

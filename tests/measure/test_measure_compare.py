@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bertopt import cosine
 from bertopt.measure import compare
 from bertopt.measure.compare import compare_output, cosine_rows, measure_output
 
@@ -30,7 +31,9 @@ def _float64_figures(got, ref, atol=1e-3, rtol=1e-3):
 
 
 def test_token_figures_are_the_float64_ones_across_slices(monkeypatch):
-    monkeypatch.setattr(compare, "_ROWS_PER_SLICE", 7)  # 100 rows: 15 slices, the last one short
+    # 100 rows: 15 slices, the last one short (the error's and the cosine's)
+    monkeypatch.setattr(compare, "ROWS_PER_SLICE", 7)
+    monkeypatch.setattr(cosine, "ROWS_PER_SLICE", 7)
     got, ref = _token_states([30, 1, 45, 24])
     stats, dist = measure_output("last_hidden_state", "token", got, ref)
     want, err = _float64_figures(got, ref)

@@ -12,8 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
-from bertopt.measure.compare import cosine_rows
 from bertopt.onnx_graph.fusions import apply_fusion
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor

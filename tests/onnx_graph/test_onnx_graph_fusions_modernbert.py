@@ -61,7 +61,7 @@ def test_every_layer_fused_and_equal_to_export(embedding):
 def test_int8_and_fp16_from_fused_artifact(tmp_path):
     """A tiny ModernBERT and the family pipeline test's texts; int8 of the fused graph is as close to PyTorch as
     int8 of the unfused export (q/k/v become three MatMuls, each quantised like the packed one)."""
-    from bertopt.measure.compare import cosine_rows
+    from bertopt.cosine import cosine_rows
     from bertopt.sources.hf import hf_reference
 
     texts = [t for t in corpus() if t][:64]

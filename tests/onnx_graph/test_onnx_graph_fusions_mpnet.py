@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus, mixed_text
-from bertopt.measure.compare import cosine_rows
 from bertopt.onnx_graph.fusions import apply_fusion
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bertopt.artifact import Artifact
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
 from bertopt.errors import ArtifactError
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources.hf import hf_reference

@@ -149,7 +149,7 @@ def test_pooling_option_overrides_or_keeps_tokens(tmp_path, cli):
 def test_appended_pipeline_goes_through_the_stages(tmp_path):
     """optimize fuses the encoder with the pipeline behind it, OpenVINO reads the joined graph; int8 and the gate run
     against the source file plus the same pipeline (validate's default reference)."""
-    from bertopt.measure.compare import cosine_rows
+    from bertopt.cosine import cosine_rows
     from bertopt.validate.gate import validate_artifact
 
     hf = build_tiny_family_model(tmp_path / "st", "bert", pooling="max", dense={"out_features": 16,
@@ -174,7 +174,7 @@ def test_fp16_graph_with_int32_inputs(tmp_path):
     from onnxconverter_common import float16
     from sentence_transformers import SentenceTransformer
 
-    from bertopt.measure.compare import cosine_rows
+    from bertopt.cosine import cosine_rows
 
     hf = build_tiny_family_model(tmp_path / "st", "bert", pooling="lasttoken")
     path = st_onnx_export(hf, opset=17)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import calibration_texts
 from bertopt.errors import UserError
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 

@@ -12,10 +12,10 @@ import pytest
 from task_models import TASK_TEXTS
 
 from bertopt.artifact import Artifact
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
 from bertopt.errors import ArtifactError, UserError
 from bertopt.families import family_by_name
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize.nncf_int8 import BATCH_DEV_MAX

@@ -11,10 +11,10 @@ import pytest
 from onnx import numpy_helper
 
 from bertopt.artifact import Artifact, sha256_file
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus
 from bertopt.errors import UserError
 from bertopt.machine import has_int8_dot_product
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize.openvino_int8 import QMAX, quantizable_weights

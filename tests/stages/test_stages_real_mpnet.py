@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus, mixed_text
 from bertopt.machine import has_int8_dot_product
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.sources import builtin_model_path

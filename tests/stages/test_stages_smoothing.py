@@ -11,9 +11,9 @@ import pytest
 from onnx import numpy_helper
 
 from bertopt.artifact import ArtifactWriter
+from bertopt.cosine import cosine_rows
 from bertopt.data import calibration_texts
 from bertopt.errors import UserError
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.stages.quantize.smoothing import (

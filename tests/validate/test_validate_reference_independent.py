@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from bertopt.cosine import cosine_rows
 from bertopt.data import corpus, mixed_text
-from bertopt.measure.compare import cosine_rows
 from bertopt.registry import run_stage
 from bertopt.runtime import Predictor
 from bertopt.tiny_models import build_tiny_hf_bert

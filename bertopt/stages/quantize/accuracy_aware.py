@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bertopt.cosine import cosine_rows
 from bertopt.errors import UserError
 
 ACCURACY_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
@@ -84,8 +85,6 @@ class Evaluator:
         if not isinstance(got[self.primary], list):
             # the ranking signal: mean cosine distance over the worst 10% of texts - tail-focused like cos_min,
             # but far less noisy than a single text's value when one operator is quantised alone
-            from bertopt.measure.compare import cosine_rows
-
             dist = np.sort(1.0 - cosine_rows(got[self.primary], self.reference[self.primary]))[::-1]
             metrics["tail_cos_distance"] = float(dist[: max(1, len(dist) // 10)].mean())
         for name, s in stats.items():

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from bertopt.cosine import min_row_cosine
 from bertopt.errors import UserError
 from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
@@ -236,16 +237,6 @@ def to_float_activations(ov_model, names: set[str], keep_int8_weights: bool = Fa
     return model
 
 
-def _min_row_cos(a: np.ndarray, b: np.ndarray) -> float:
-    """Smallest cosine between matching rows (a pooled output is one row; a token-level one, a row per token)."""
-    a = np.asarray(a, np.float64).reshape(-1, np.shape(a)[-1] if np.ndim(a) else 1)
-    b = np.asarray(b, np.float64).reshape(a.shape)
-    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
-    cos = np.where((na > 0) & (nb > 0), (a * b).sum(1) / np.maximum(na * nb, 1e-300),
-                   np.all(a == b, axis=1).astype(np.float64))
-    return float(cos.min())
-
-
 class HeldBackMeter:
     """Runs a candidate OpenVINO model on the held-back texts, alone and in padded batches of mixed lengths: its
     primary output against the fp32 parent's (each text alone), and every output's batch deviation (a text alone
@@ -313,7 +304,7 @@ class HeldBackMeter:
             per_text = {r: -float(np.abs(alone[primary][r] - self.reference[r]).max()) for r in picked}
             cos_alone = _whole_cos([alone[primary][r] for r in picked], [self.reference[r] for r in picked])
         else:
-            per_text = {r: _min_row_cos(alone[primary][r], self.reference[r]) for r in picked}
+            per_text = {r: min_row_cosine(alone[primary][r], self.reference[r]) for r in picked}
             cos_alone = min(per_text.values())
         if rows is not None:
             return {"cos_min_alone": cos_alone}
@@ -327,16 +318,16 @@ class HeldBackMeter:
         if few:
             cos_batched = _whole_cos([got[primary][r] for r in picked], [self.reference[r] for r in picked])
         else:
-            cos_batched = min(_min_row_cos(got[primary][r], self.reference[r]) for r in picked)
+            cos_batched = min(min_row_cosine(got[primary][r], self.reference[r]) for r in picked)
         dev = {name: 1.0 - _whole_cos([got[name][r] for r in picked], [alone[name][r] for r in picked])
-               if self.few_values[name] else max(1.0 - _min_row_cos(got[name][r], alone[name][r]) for r in picked)
+               if self.few_values[name] else max(1.0 - min_row_cosine(got[name][r], alone[name][r]) for r in picked)
                for name in names}
         return {"cos_min_alone": cos_alone, "cos_min_batched": cos_batched, "batch_dev": max(dev.values()),
                 "batch_dev_by_output": dev, "cos_min": min(cos_alone, cos_batched), "per_text": per_text}
 
 
 def _whole_cos(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return _min_row_cos(np.concatenate([np.ravel(x) for x in a])[None], np.concatenate([np.ravel(x) for x in b])[None])
+    return min_row_cosine(np.concatenate([np.ravel(x) for x in a]), np.concatenate([np.ravel(x) for x in b]))
 
 
 def _holds(m: dict[str, float], target: float) -> bool:
