@@ -103,6 +103,15 @@ class UserError(Exception):
 class MissingDependency(UserError):
     """An optional dependency is not installed."""
 
+    def __init__(self, module: str, extra: str, what: str = ""):
+        purpose = f" (needed for {what})" if what else ""
+        super().__init__(
+            f"Python package '{module}' is not installed{purpose}; "
+            f"install it with: pip install 'bertopt[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
 
 class ModelRunError(UserError):
     """A model's graph failed inside its runtime (ONNX Runtime, OpenVINO): an operator it cannot run, a tensor it
@@ -126,15 +135,6 @@ def is_runtime_error(exc: BaseException) -> bool:
     """Whether ``exc`` comes from ONNX Runtime's or OpenVINO's native code (not bertopt's own, nor an interrupt)."""
     module = type(exc).__module__ or ""
     return module.startswith(("onnxruntime", "openvino")) or type(exc) is RuntimeError
-
-    def __init__(self, module: str, extra: str, what: str = ""):
-        purpose = f" (needed for {what})" if what else ""
-        super().__init__(
-            f"Python package '{module}' is not installed{purpose}; "
-            f"install it with: pip install 'bertopt[{extra}]'"
-        )
-        self.module = module
-        self.extra = extra
 
 
 class ArtifactError(UserError):

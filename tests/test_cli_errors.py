@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -117,3 +118,32 @@ def test_export_self_check_failure_is_one_line_and_writes_nothing(cli, tiny_hf, 
     assert not (tmp_path / "o").exists()
     code, out, err = cli("export", tiny_hf, "--out", tmp_path / "ok")
     assert code == 0 and "max abs diff vs pytorch" in out
+
+
+# a real interpreter in which one optional package cannot be imported, running the CLI
+_WITHOUT = """
+import sys
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name == BLOCKED or name.startswith(BLOCKED + "."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Blocked())
+from bertopt.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_extra(tiny_onnx, tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "static"
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "300"}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT.replace("BLOCKED", "'nncf'"), "quantize",
+                           str(tiny_onnx.path), "--mode", "int8-static", "--runtime", "openvino", "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert _one_line(done.stderr) == ("error: Python package 'nncf' is not installed (needed for static int8 for "
+                                      "the OpenVINO runtime); install it with: pip install 'bertopt[openvino]'")
+    assert not out.exists()
