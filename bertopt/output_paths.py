@@ -16,6 +16,8 @@
   built from slow-tokenizer files, an artifact zipped for Spark's executors) and removes it at exit, where no
   ``with`` block can bound its life. A stage's scratch lives inside its output's temp folder instead
   (``ArtifactWriter.scratch``), so the sweep above removes it after a SIGKILL too.
+* ``check_output_file`` / ``write_file``: a single new file (``client encode --out``), refused where it exists,
+  lies inside an artifact or lacks its suffix, written to a temp file and renamed into place.
 * ``write_json`` writes a JSON file (a manifest, a report, a result) to a temp file and renames it into place.
 * ``cache_root`` is where bertopt keeps what it may rebuild (built-in models, OpenVINO blobs, TensorRT engines);
   ``one_at_a_time`` holds a lock file (blocking, with a bound) around writing a cache entry that other processes
@@ -132,6 +134,40 @@ def check_output(path: str | os.PathLike, *, kind: str, inputs: Iterable[str | o
                             f"it, choose another {flag}")
     check_writable(real, flag)
     return real
+
+
+def check_output_file(path: str | os.PathLike, *, suffix: str, flag: str = "--out") -> Path:
+    """Check, before any work, that a new file may be written at ``path`` (a command's single-file result that no
+    marker can tell as its own, so an existing file is never replaced); returns its real path. Its name must end
+    in ``suffix`` (a writer that adds the suffix itself would otherwise write another file than the one named),
+    and it may not go inside an artifact folder (nothing unhashed sits in one)."""
+    shown = str(path)
+    if not shown.endswith(suffix) or Path(shown).name == suffix:
+        raise UserError(f"{flag} {shown}: give the path of a {suffix} file (the name must end in {suffix})")
+    real = real_path(path)
+    marker = OWN_MARKERS["artifact"]
+    holder = next((folder for folder in real.parents if (folder / marker).is_file()), None)
+    if holder is not None:
+        raise UserError(f"{flag} {shown} is inside the artifact {holder}, whose files are all hashed in its "
+                        f"manifest; choose an {flag} outside it")
+    if os.path.lexists(real):
+        what = "a folder" if real.is_dir() else "an existing file"
+        raise UserError(f"{flag} {shown} is {what}; choose a new file name (bertopt does not replace it)")
+    check_writable(real, flag)
+    return real
+
+
+def write_file(path: Path, write: Any) -> None:
+    """Call ``write(file)`` on a temp file beside ``path``, then rename it into place (a reader never sees half a
+    file; a failure or Ctrl-C leaves nothing)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], flag: str = "--out",

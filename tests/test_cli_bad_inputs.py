@@ -605,6 +605,8 @@ CASES = {
     "serve --device-map negative": lambda c: (
         ["serve", c.tiny, "--device-map", "-1"], "is not a list of GPU numbers (0 or more)", []),
     # secret keys beside other files end up shipped with them (here: inside an artifact)
+    "serve --make-curve-keys under a file": lambda c: (
+        ["serve", "--make-curve-keys", c.ensure_file("plain.txt") / "keys"], "is a file", []),
     "serve --make-curve-keys into an artifact": lambda c: (
         ["serve", "--make-curve-keys", c.copy_artifact()], "is not an empty folder; secret keys go in a folder of "
         "their own", [c.tmp / "art" / "server.key_secret", c.tmp / "art" / "authorized"]),
@@ -632,6 +634,19 @@ CASES = {
     "client status --timeout 0": lambda c: (
         ["client", "status", "--port", str(free_port()), "--timeout", "0"],
         "client status: 'timeout' must be at least 0.001", []),
+    # client encode --out is checked before the server is asked (none runs here: a missed check is "no reply")
+    "client encode --out without .npy": lambda c: (
+        ["client", "encode", "hi", "--port", str(free_port()), "--timeout", "1", "--out", c.tmp / "vectors"],
+        "give the path of a .npy file", [c.tmp / "vectors", c.tmp / "vectors.npy"]),
+    "client encode --out inside an artifact": lambda c: (
+        ["client", "encode", "hi", "--port", str(free_port()), "--timeout", "1", "--out", c.tiny / "x.npy"],
+        f"is inside the artifact {c.tiny}", [c.tiny / "x.npy"]),
+    "client encode --out under a file": lambda c: (
+        ["client", "encode", "hi", "--port", str(free_port()), "--timeout", "1", "--out",
+         c.ensure_file("plain.txt") / "x.npy"], "is a file", []),
+    "client encode --out an existing file": lambda c: (
+        ["client", "encode", "hi", "--port", str(free_port()), "--timeout", "1", "--out", c.write("old.npy", "x")],
+        "old.npy is an existing file; choose a new file name", []),
     "kafka --port 70000": lambda c: (
         ["kafka", c.tiny, "--bootstrap", "127.0.0.1:9", "--request-topic", "a", "--response-topic", "b",
          "--backend", "zmq", "--port", "70000"], "kafka: 'port' must be between 1 and 65535", []),

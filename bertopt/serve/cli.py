@@ -100,6 +100,10 @@ def _client_encode(config: dict) -> None:
     from bertopt.client import Client, ServerError, ServerTimeout
 
     texts, out = config["texts"], config["out"]
+    if out is not None:  # before the server is asked: a bad --out costs no request
+        from bertopt.output_paths import check_output_file
+
+        out = check_output_file(out, suffix=".npy")
     try:
         with Client(config["ip"], config["port"], config["port_out"], timeout=config["timeout"],
                     curve_keys=config["curve_keys"], model=config["model"]) as client:
@@ -107,8 +111,10 @@ def _client_encode(config: dict) -> None:
     except (ServerTimeout, ServerError) as exc:
         raise UserError(str(exc)) from None
     if out is not None:
-        np.save(out, vectors)
-        print(f"wrote {out} ({vectors.shape[0]} x {vectors.shape[1]} float32)")
+        from bertopt.output_paths import write_file
+
+        write_file(out, lambda handle: np.save(handle, vectors))
+        print(f"wrote {config['out']} ({vectors.shape[0]} x {vectors.shape[1]} float32)")
     elif config["as_json"]:
         print(json.dumps(vectors.tolist()))
     else:

@@ -138,7 +138,8 @@ CLIENT_ENCODE_PARAMS = [
     *_CLIENT,
     MODEL,
     TIMEOUT,
-    Param("out", str, None, "Save the (n, d) float32 array as .npy.", aliases=("-o",)),
+    Param("out", str, None, "Save the (n, d) float32 array to this new .npy file (never inside an artifact "
+          "folder; an existing file is not replaced).", aliases=("-o",)),
     AS_JSON.with_(help="Print the full vectors as JSON."),
 ]
 CLIENT_PREDICT_PARAMS = [

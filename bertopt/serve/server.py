@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bertopt.errors import UserError, require
+from bertopt.errors import UserError, check_writable, require
 from bertopt.protocol import WIRE_VERSION
 from bertopt.serve.fleet import ModelSpec, check_name, check_unique
 from bertopt.serve.params import SERVE_FIELDS
@@ -192,9 +192,18 @@ def make_curve_keys(keys_dir: str) -> Path:
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         # secret keys beside other files end up shipped with them (an artifact folder, a repository)
         raise UserError(f"{root} is not an empty folder; secret keys go in a folder of their own: choose a new one")
-    (root / "authorized").mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(str(root), "server")
-    zmq.auth.create_certificates(str(root), "client")
+    check_writable(root, "--make-curve-keys")  # a parent that is a file, or a folder this process cannot write
+    # secrets readable by their owner only, whatever the umask: the folder 700 from its creation, each secret 600
+    old_umask = os.umask(0o077)
+    try:
+        (root / "authorized").mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)
+        zmq.auth.create_certificates(str(root), "server")
+        zmq.auth.create_certificates(str(root), "client")
+    finally:
+        os.umask(old_umask)
+    for secret in root.glob("*.key_secret"):
+        secret.chmod(0o600)
     (root / "authorized" / "client.key").write_bytes((root / "client.key").read_bytes())
     return root
 

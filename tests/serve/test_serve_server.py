@@ -140,12 +140,18 @@ def test_status_reports_config_and_counters(tiny_server):
     assert sum(w["jobs_done"] for w in after["workers"]) == after["mini_jobs_done"]
 
 
-def test_cli_client_encode_status_and_serve_status(tiny_server, tiny_predictor, cli):
+def test_cli_client_encode_status_and_serve_status(tiny_server, tiny_predictor, cli, tmp_path):
     ports = ["--port", str(tiny_server.port), "--port-out", str(tiny_server.port_out)]
     code, out, err = cli("client", "encode", "hello world", "the dog", *ports, "--json")
     assert code == 0, err
     np.testing.assert_allclose(np.array(json.loads(out), dtype=np.float32),
                                tiny_predictor.encode(["hello world", "the dog"]), atol=1e-5, rtol=0)
+    # --out: a new .npy file, the same vectors
+    code, out, err = cli("client", "encode", "hello world", "the dog", *ports, "--out", tmp_path / "v.npy")
+    assert code == 0 and out.strip() == f"wrote {tmp_path / 'v.npy'} (2 x 32 float32)", err
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), tiny_predictor.encode(["hello world", "the dog"]),
+                               atol=1e-5, rtol=0)
+    assert [p.name for p in tmp_path.iterdir()] == ["v.npy"]  # no temp file left beside it
     code, out, err = cli("client", "status", *ports, "--json")
     assert code == 0, err
     assert json.loads(out)["port"] == tiny_server.port

@@ -252,6 +252,11 @@ def test_curve_keys_encrypt_and_authenticate(tiny_onnx, tiny_predictor, start_se
     keys = tmp_path / "keys"
     code, out, err = cli("serve", "--make-curve-keys", keys)
     assert code == 0, err
+    # the secrets are their owner's alone, whatever the umask
+    assert keys.stat().st_mode & 0o777 == 0o700
+    secrets = sorted(p.name for p in keys.glob("*.key_secret"))
+    assert secrets == ["client.key_secret", "server.key_secret"]
+    assert all((keys / name).stat().st_mode & 0o777 == 0o600 for name in secrets)
     server = start_server(tiny_onnx.path, "--curve-keys", str(keys), num_worker=1)
     with server.client(curve_keys=str(keys)) as client:
         np.testing.assert_allclose(client.encode(["hello world"]), tiny_predictor.encode(["hello world"]),
