@@ -694,6 +694,10 @@ CASES = {
     "quantize --calibration-data of NUL bytes": lambda c: (
         ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", c.nul_file(), "--out", c.tmp / "o"],
         "no real text", [c.tmp / "o"]),
+    "quantize --calibration-data without a text column": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", c.write("c.jsonl", '{"x": "hi"}\n'),
+         "--out", c.tmp / "o"], "has no column 'text' (columns: x); give each row a 'text' column, or use a .txt "
+        "file with one text a line", [c.tmp / "o"]),
     "quantize --calibration-data missing": lambda c: (
         ["quantize", c.tiny, "--mode", "int8-static", "--calibration-data", c.tmp / "nope.txt", "--out",
          c.tmp / "o"], "not found", [c.tmp / "o"]),

@@ -54,8 +54,10 @@ class Dataset:
 
 
 def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_column: str | None = None,
-               label_column: str | None = None) -> Dataset:
-    """Read validation/calibration inputs. ``"builtin"`` is the shipped corpus (``bertopt.data.corpus()``)."""
+               label_column: str | None = None, text_flag: str | None = "--text-column") -> Dataset:
+    """Read validation/calibration inputs. ``"builtin"`` is the shipped corpus (``bertopt.data.corpus()``).
+    ``text_flag``: the option that names the text column, for the error that lacks it (None: the caller has no
+    such option, and the file's rows must have a ``text`` column)."""
     text_column = text_column or "text"
     if str(path) == "builtin":
         if text_pair_column or label_column:
@@ -99,8 +101,10 @@ def load_texts(path: str | os.PathLike, text_column: str = "text", text_pair_col
                        (label_column, "--label-column")):
         if name is not None and not all(name in row for row in rows):
             row_no = next(i for i, row in enumerate(rows, 1) if name not in row)
+            fix = f"pass {flag} NAME" if flag != "--text-column" or text_flag else (
+                f"give each row a '{name}' column, or use a .txt file with one text a line")
             raise UserError(f"{file} has no column '{name}'" + (f" in row {row_no}" if row_no > 1 else "")
-                            + f" (columns: {', '.join(map(str, columns))}); pass {flag} NAME")
+                            + f" (columns: {', '.join(map(str, columns))}); {fix}")
     texts = _text_column(file, rows, text_column)
     _require_real_text(file, texts)
     pairs = _text_column(file, rows, text_pair_column) if text_pair_column else None

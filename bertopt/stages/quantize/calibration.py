@@ -13,7 +13,7 @@ def load_calibration_texts(config) -> list[str]:
     if config["calibration_data"]:
         from bertopt.measure.data import load_texts
 
-        texts = load_texts(config["calibration_data"]).texts
+        texts = load_texts(config["calibration_data"], text_flag=None).texts
     else:
         texts = calibration_texts()
     texts = [t for t in texts if t.strip()][: config["calibration_size"]]

@@ -130,7 +130,7 @@ def split_texts(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     if config.get("calibration_data"):
         from bertopt.measure.data import load_texts
 
-        texts = load_texts(config["calibration_data"]).texts
+        texts = load_texts(config["calibration_data"], text_flag=None).texts
     else:
         texts = calibration_texts()
     texts = [t for t in texts if t.strip()]

@@ -65,7 +65,7 @@ def preflight(config: dict[str, Any], where: str) -> None:
         from bertopt.measure.data import load_texts
 
         try:
-            load_texts(config["calibration_data"])
+            load_texts(config["calibration_data"], text_flag=None)
         except UserError as exc:
             raise UserError(f"{where}: calibration_data: {exc}") from None
 
