@@ -83,6 +83,23 @@ CANDIDATE_NAMES = ("openvino-f32", "openvino-f32-throughput", "openvino-bf16", "
                    "onnxruntime-fp32", "onnxruntime-int8", "onnxruntime-fp16-cuda", "openvino-int8-dynamic",
                    "openvino-int8-static", "openvino-int8-accurate")
 
+
+def tune_targets_problem(value: str) -> str | None:
+    """``targets_problem``, and no speed metric: tune's gate is fidelity, its speed figures are its own timing (the
+    fastest candidate that passes wins), so a latency target could only fail every candidate at the end."""
+    problem = targets_problem(value)
+    if problem:
+        return problem
+    from bertopt.measure.targets import LATENCY_METRICS, parse_targets
+
+    timed = [t.metric for t in parse_targets(value) if t.metric.split(".")[-1].split("@")[0] in LATENCY_METRICS]
+    if timed:
+        return (f"'{timed[0]}' is a speed target; tune's --targets are fidelity thresholds (tune times every "
+                "candidate itself and keeps the fastest that passes): drop it, or gate speed afterwards with "
+                "'bertopt validate ARTIFACT --targets ...'")
+    return None
+
+
 TUNE_PARAMS = [
     Param("task", str, None, "What the model computes (default: detected from the folder), as for 'bertopt export "
           "--task'.", choices=TASKS),
@@ -91,7 +108,7 @@ TUNE_PARAMS = [
     Param("text_column", str, "text", "Text column of a JSONL/CSV/Parquet --data file."),
     Param("targets", str, None, "Gate thresholds every candidate must meet, alone and in batches, as for 'bertopt "
           "validate --targets' (default for embeddings: cos_min>=0.995,batch_dev<=1e-3; task models: their task "
-          "metric, see docs/tune.md).", check=targets_problem),
+          "metric, see docs/tune.md).", check=tune_targets_problem),
     Param("time_budget", str, "10m", "Bound on the whole run (10m, 90s, 1h): when it is spent the remaining "
           "candidates are skipped, once at least one has passed.", check=_duration_ok),
     Param("candidates", list, None, "Only these candidates, comma-separated (default: every one that makes sense "

@@ -962,6 +962,13 @@ CASES = {
     "tune --candidates empty": lambda c: (
         ["tune", c.tiny_hf, "--candidates", ",", "--out", c.tmp / "a"], "'candidates' is empty; name one or more",
         [c.tmp / "a", c.tmp / "a-report"]),
+    "tune --targets a speed metric": lambda c: (
+        ["tune", c.tiny_hf, "--targets", "cos_min>=0.99,latency_p99_ms@1x16<=100", "--out", c.tmp / "a"],
+        "'latency_p99_ms@1x16' is a speed target; tune's --targets are fidelity thresholds",
+        [c.tmp / "a", c.tmp / "a-report"]),
+    "run: a tune recipe with a speed target": lambda c: (
+        ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{targets: 'speedup>=1.2'}}\n"), "--out", c.tmp / "a"],
+        "'speedup' is a speed target", [c.tmp / "a"]),
     "run: a tune recipe whose data file is missing": lambda c: (
         ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{data: 5}}\n"), "--out", c.tmp / "a"],
         "recipe.yaml: tune: 'data' file 5 is not found", [c.tmp / "a"]),
