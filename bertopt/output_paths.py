@@ -9,7 +9,8 @@
 * ``output_lock`` takes an exclusive ``flock`` on ``.NAME.lock`` beside the output for as long as a command
   writes it, so a second writer fails at once with "another bertopt is writing OUT" instead of both saying
   "wrote". It is re-entrant within a thread (``run_stage`` and the ``ArtifactWriter`` it leads to both take it)
-  and the lock file is removed on release.
+  and the lock file is removed on release, with the folders made to hold it when the output never came (a
+  command that failed leaves no empty ``--out`` parents behind).
 * ``temp_sibling`` names the hidden folder an output is built in (``.NAME.tmp-<pid>-<random>``); ``sweep_stale``
   removes such folders whose owner process is gone (a writer killed by SIGKILL), under the lock.
 * ``process_scratch`` makes a folder in the system temp dir for files a process needs until it exits (a tokenizer
@@ -230,8 +231,13 @@ def output_lock(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
             with _held_guard:
                 entry[1] -= 1
         return
+    made = _missing_folders(real.parent)  # made here for the lock: removed again if the output never comes
     real.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(lock, path, flag, fcntl)
+    try:
+        fd = _acquire(lock, path, flag, fcntl)
+    except BaseException:
+        _remove_empty(made)
+        raise
     with _held_guard:
         _held[key] = entry = [fd, 1]
     try:
@@ -244,6 +250,26 @@ def output_lock(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
         except FileNotFoundError:
             pass  # removed by hand meanwhile: nothing to clean
         os.close(fd)
+        if not os.path.lexists(real):  # the command failed: the folders made for it go too, when still empty
+            _remove_empty(made)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while each is empty; stop at the first that is not (another writer's)."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def _acquire(lock: Path, shown, flag: str, fcntl) -> int:

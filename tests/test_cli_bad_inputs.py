@@ -966,6 +966,10 @@ CASES = {
         ["tune", c.tiny_hf, "--targets", "cos_min>=0.99,latency_p99_ms@1x16<=100", "--out", c.tmp / "a"],
         "'latency_p99_ms@1x16' is a speed target; tune's --targets are fidelity thresholds",
         [c.tmp / "a", c.tmp / "a-report"]),
+    # the folders made for the output lock go again when the command fails (they were left empty)
+    "run: a first stage that cannot take the model": lambda c: (
+        ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\nstages:\n  - prune: {{}}\n"), "--out",
+         c.tmp / "new" / "runs", "--no-compare"], "prune takes a bertopt artifact", [c.tmp / "new"]),
     "run: a tune recipe with a speed target": lambda c: (
         ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{targets: 'speedup>=1.2'}}\n"), "--out", c.tmp / "a"],
         "'speedup' is a speed target", [c.tmp / "a"]),
