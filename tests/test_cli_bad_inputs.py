@@ -55,6 +55,11 @@ class Ctx:
         path.write_text(text)
         return path
 
+    def fifo(self, name: str) -> Path:
+        path = self.tmp / name
+        os.mkfifo(path)
+        return path
+
     def ensure_file(self, name: str) -> Path:
         return self.write(name, "not a folder\n")
 
@@ -739,6 +744,22 @@ CASES = {
     "spark-predict: Parquet without the pair column": lambda c: (
         ["spark-predict", c.tiny, "--input", c.parquet("in.parquet"), "--output", c.tmp / "o",
          "--pair-col", "second"], "has no column 'second'", [c.tmp / "o"]),
+    # said before Spark starts (after it, the line came at 150-160 of Spark's 200 lines of Java and Python traces)
+    "spark-predict: an empty text input": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.write("in.txt", ""), "--output", c.tmp / "o"],
+        "in.txt has no text (empty or blank); write one input a line", [c.tmp / "o"]),
+    "spark-predict: a blank text input": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.write("in.txt", "\n  \n\t\n"), "--output", c.tmp / "o"],
+        "has no text (empty or blank)", [c.tmp / "o"]),
+    "spark-predict: random bytes as a text input": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.nul_file("in.txt"), "--output", c.tmp / "o"],
+        "in.txt is not UTF-8 text", [c.tmp / "o"]),
+    "spark-predict: a FIFO as input": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.fifo("in.txt"), "--output", c.tmp / "o"],
+        "is not a regular file (a FIFO, device or socket)", [c.tmp / "o"]),
+    "spark-predict --max-seq-len past the positions": lambda c: (
+        ["spark-predict", c.tiny, "--input", c.write("in.txt", "hello\n"), "--output", c.tmp / "o",
+         "--max-seq-len", "100000"], "max sequence length 100000 exceeds the model's", [c.tmp / "o"]),
     # kafka: an unreachable broker is one line after a bounded wait, not librdkafka's log
     "kafka: unreachable broker": lambda c: (
         ["kafka", c.tiny, "--bootstrap", f"127.0.0.1:{free_port()}", "--request-topic", "a", "--response-topic",
@@ -1161,3 +1182,18 @@ def test_bad_input_is_one_line_exit_2_nothing_written(case, tiny_onnx, tiny_hf, 
         assert not Path(path).exists(), f"{path} was left behind"
     # nothing new in the working folder either (no stray temp folders, reports, partial artifacts)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_spark_predict_on_cuda_without_a_gpu_is_said_before_spark_starts(tiny_onnx, tmp_path):
+    from bertopt.spark.placement import visible_gpu_count
+
+    if visible_gpu_count():
+        pytest.skip("this machine has a GPU: --provider cuda is valid here")
+    (tmp_path / "in.txt").write_text("hello\n")
+    proc = run_bertopt(["spark-predict", tiny_onnx.path, "--input", tmp_path / "in.txt", "--output",
+                        tmp_path / "o", "--provider", "cuda"], tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0] == ("error: provider 'cuda' requested but this machine has no visible GPU; use --provider cpu "
+                        "or auto")
+    assert not (tmp_path / "o").exists()

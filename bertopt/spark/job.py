@@ -84,11 +84,15 @@ def local_columns(path: str, fmt: str, text_col: str) -> list[str] | None:
     p = Path(path)
     if not p.exists():
         raise UserError(f"input {path} does not exist; give a Parquet, CSV or text file (or a folder of them)")
+    if not p.is_dir() and not p.is_file():  # a FIFO would block the read for ever, /dev/zero fill the memory
+        raise UserError(f"input {path} is not a regular file (a FIFO, device or socket); give a Parquet, CSV or "
+                        "text file (or a folder of them)")
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file()
                                            and not f.name.startswith(("_", ".")))
     if not files:
         raise UserError(f"input folder {path} holds no data files; give a Parquet, CSV or text file")
     if fmt == "text":
+        _check_text_files(path, files)
         return [text_col]
     first = files[0]
     try:
@@ -112,6 +116,26 @@ def local_columns(path: str, fmt: str, text_col: str) -> list[str] | None:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot read {first} as {fmt}: {first_line}; check the file or pass --format") from None
     return None
+
+
+_TEXT_PROBE_BYTES = 1 << 20  # read of each text file before Spark starts: enough to find a line, bounded
+
+
+def _check_text_files(path: str, files: list[Path]) -> None:
+    """A text input holds some text, as UTF-8: an empty or blank file wrote a table of rows without predictions
+    and exited 0, and a file of random bytes was read as 27 such rows. Reads the start of each file only; a
+    mostly-UTF-8 file with a bad line is left to the rows (that row gets no prediction, the rest do)."""
+    found = False
+    for file in files:
+        with open(file, "rb") as handle:
+            chunk = handle.read(_TEXT_PROBE_BYTES)
+        text = chunk.decode("utf-8", errors="replace")
+        if "\x00" in text or text.count("\ufffd") > len(text) // 10:
+            raise UserError(f"input {file} is not UTF-8 text (NUL bytes or undecodable bytes throughout); give one "
+                            "input a line, re-saved as UTF-8, or pass --format")
+        found = found or bool(text.strip())
+    if not found:
+        raise UserError(f"input {path} has no text (empty or blank); write one input a line")
 
 
 def check_local_input(path: str, fmt: str, text_col: str, pair_col: str | None) -> None:
@@ -201,6 +225,15 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     if warning:
         print(warning, file=sys.stderr, flush=True)
     check_local_input(input, fmt, text_col, pair_col)  # a missing input or column fails before Spark starts
+    from bertopt.runtime.predictor import sequence_length
+
+    sequence_length(art.model_info, max_seq_len)  # so does a --max-seq-len past the model's positions
+    if provider == "cuda" and master.startswith("local"):
+        from bertopt.spark.placement import visible_gpu_count
+
+        if not visible_gpu_count():  # the executors are this machine: say it now, not from every task
+            raise UserError("provider 'cuda' requested but this machine has no visible GPU; use --provider cpu or "
+                            "auto")
     resolve_outputs(art, outputs)  # an unknown output fails here, before Spark starts
     check_task_columns(art, pair_col is not None)  # so do a missing passage column and an unwanted one
     check_aggregation(aggregation)

@@ -111,10 +111,15 @@ def test_bad_inputs_fail_before_the_job_with_one_line(spark, tiny_onnx, tmp_path
     _no_leftovers(tmp_path)
 
 
-def test_failure_on_executors_leaves_nothing_written(spark, tiny_onnx, tmp_path, cli):
+def test_failure_on_executors_leaves_nothing_written(spark, tiny_onnx, tmp_path, cli, monkeypatch):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": TEXTS}), src)
     out = tmp_path / "out"
+    # the driver's own check (a local master: its executors are this machine) is what a user meets first; it is
+    # passed here so that the executors, which count this machine's GPUs themselves, fail the job
+    import bertopt.spark.placement
+
+    monkeypatch.setattr(bertopt.spark.placement, "visible_gpu_count", lambda: 1)
     code, _, err = cli("spark-predict", tiny_onnx.path, "-i", src, "-o", out, "--provider", "cuda")
     assert code == 2, err
     assert "provider 'cuda' requested but executor" in err and "has no visible GPU" in err
