@@ -162,6 +162,24 @@ class GatePlan:
     task: str = "embedding"  # bertopt.runtime.tasks: the task metric is measured on its output (the primary)
 
 
+def latency_seq_lens(artifact, config: dict[str, Any]) -> list[int]:
+    """The latency grid's sequence lengths: ``--seq-lens``, refused now (before any model loads) past the tokens
+    the artifact takes; the default grid (16, 128) is capped there instead, so a model of 64 positions is
+    timed at 16 and 64 rather than refused for an option its user never gave."""
+    from bertopt.runtime.predictor import sequence_length
+    from bertopt.validate.params import VALIDATE_PARAMS
+
+    seq_lens = [int(v) for v in config["seq_lens"]]
+    longest = sequence_length(artifact.model_info)
+    if not config["latency"] or max(seq_lens) <= longest:
+        return seq_lens
+    default = next(p.default for p in VALIDATE_PARAMS if p.name == "seq_lens")
+    if [str(v) for v in config["seq_lens"]] == list(default):
+        return sorted({min(s, longest) for s in seq_lens})
+    raise UserError(f"latency sequence length {max(seq_lens)} exceeds the {longest} tokens {artifact.path} takes; "
+                    f"use --seq-lens with values up to {longest}")
+
+
 def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     """Resolve and check the config, the artifact, the report folder, the targets and the data: every usage
     problem is a UserError here, before anything is run or written."""
@@ -187,7 +205,7 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     targets_are_defaults = not config["targets"]
     targets = parse_targets(config["targets"] or default_targets(kinds[primary]))
     batch_sizes = [int(v) for v in config["batch_sizes"]]  # checked by VALIDATE_PARAMS (whole_numbers)
-    seq_lens = [int(v) for v in config["seq_lens"]]
+    seq_lens = latency_seq_lens(artifact, config)
     grid = {f"{b}x{s}" for b in batch_sizes for s in seq_lens}
     check_target_metrics(targets, outputs, primary, config, grid, model_task)
     data = load_texts(config["data"], config["text_column"], config["text_pair_column"], config["label_column"])

@@ -164,7 +164,7 @@ def test_sentence_pairs_are_fed_as_two_segments(cli, task_artifact, tmp_path):
     (["--targets", "top1_agreement=0.9"], "classifier logits"),
     (["--targets", "pooled.cos_min=0.9"], "names output 'pooled'"),
     (["--targets", "speedup@8x999=1"], "grid point 8x999 is not measured"),
-    (["--seq-lens", "999"], "exceeds the model's maximum"),
+    (["--seq-lens", "999"], "latency sequence length 999 exceeds the 48 tokens"),
     (["--batch-sizes", "one"], "'batch_sizes' takes whole numbers like 1,32; got 'one'"),
     (["--seq-lens", "0"], "'seq_lens' values must be at least 1, got 0"),
     (["--data", "missing.txt"], "data file not found"),
@@ -173,6 +173,18 @@ def test_usage_errors_exit_2(cli, tiny_int8, tmp_path, args, message):
     code, out, err = cli("validate", tiny_int8.path, "--report-dir", tmp_path / "r", *args)
     assert code == 2 and message in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_default_latency_grid_is_capped_at_the_tokens_the_model_takes(cli, tiny_int8, tmp_path):
+    from bertopt.runtime.predictor import sequence_length
+
+    longest = sequence_length(tiny_int8.model_info)  # 48: the default 16 and 128 are timed at 16 and 48, not refused
+    assert 16 < longest < 128
+    code, out, err = cli("validate", tiny_int8.path, "--report-dir", tmp_path / "r", "--max-texts", "16",
+                         "--batch-sizes", "1", "--repeats", "2", "--warmup", "1")
+    assert code == 0, err
+    grid = json.loads((tmp_path / "r" / "validation.json").read_text())["latency"]["grid"]
+    assert [(p["batch_size"], p["seq_len"]) for p in grid] == [(1, 16), (1, longest)]
 
 
 @pytest.mark.slow
