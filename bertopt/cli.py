@@ -347,7 +347,7 @@ def _remember_sigint():
 
 def _usage_line(exc) -> str:
     """A click usage error as one line naming the problem and where to look for the fix."""
-    message = " ".join(exc.format_message().split())
+    message = " ".join(exc.format_message().split()).rstrip(".")  # click ends its sentences; ours go on after ';'
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "bertopt"
     return f"{message}; see '{command} --help'"

@@ -631,6 +631,9 @@ CASES = {
         ["inspect", c.tmp / ":fire:" / "x"], ":fire:/x", []),
     "serve --num-worker 0": lambda c: (
         ["serve", c.tiny, "--num-worker", "0"], "serve: 'num_worker' must be between 1 and 256", []),
+    "serve --device-map with --provider cpu": lambda c: (
+        ["serve", c.tiny, "--device-map", "0", "--provider", "cpu", "--no-warmup"],
+        "--device-map places the workers on GPUs, but --provider cpu keeps them on the CPU", []),
     "serve --max-seq-len 0": lambda c: (
         ["serve", c.tiny, "--max-seq-len", "0"], "serve: 'max_seq_len' must be at least 1", []),
     "client encode --timeout -1": lambda c: (

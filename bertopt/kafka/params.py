@@ -30,7 +30,7 @@ BRIDGE_PARAMS = [
     MAX_TEXTS_PARAM.with_(help="A request with more texts gets an error response (responses must fit in one Kafka "
                           "message)."),
     MAX_TEXT_CHARS_PARAM.with_(help="A request holding a longer text (or pair) gets an error response; the model "
-                               "reads only its first --max-seq-len tokens anyway."),
+                               "reads only the first tokens its artifact takes anyway."),
     MAX_REQUEST_BYTES_PARAM.with_(help="A larger request message gets an error response, before it is parsed."),
     Param("stats_interval", float, 10.0, "Seconds between counter log lines (consumed, produced, errors, lag).",
           min=0),

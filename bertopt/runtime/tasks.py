@@ -82,7 +82,8 @@ def check_pairs(model, task: str, pairs) -> None:
         return
     if task != "rerank" and model.model_info.get("pair_input") is False:
         raise UserError(f"this {task} model takes a single text, but text pairs were given; drop the second "
-                        "text (pairs / --pair-col / --text-pair-column)")
+                        "text (pairs= in Python, --pair with 'bertopt client predict', --pair-col with "
+                        "spark-predict, --text-pair-column with validate)")
 
 
 # -- classification ------------------------------------------------------------------------------------------

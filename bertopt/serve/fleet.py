@@ -78,7 +78,7 @@ def read_models_file(path: str) -> list[ModelSpec]:
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict) or not models:
         raise UserError(f"--models {path}: expected a 'models:' mapping of name -> artifact (or name -> {{artifact, "
-                        "workers, threads}})")
+                        "workers, threads})")
     specs = []
     for name, entry in models.items():
         where = f"--models {path}: model {name!r}"

@@ -100,6 +100,9 @@ class ServeConfig:
             raise UserError("--no-zmq leaves nothing to serve; add --http-port PORT")
         if self.port == self.port_out:
             raise UserError(f"--port and --port-out are both {self.port}; give them different ports")
+        if self.device_map and self.provider == "cpu":  # a device map runs every worker on CUDA
+            raise UserError("--device-map places the workers on GPUs, but --provider cpu keeps them on the CPU; drop "
+                            "one of the two")
         if self.http_port is not None and self.zmq and self.http_port in (self.port, self.port_out):
             which = "--port" if self.http_port == self.port else "--port-out"
             raise UserError(f"--http-port {self.http_port} is also the ZeroMQ {which}; give each its own port")

@@ -238,7 +238,8 @@ def test_models_file_sets_each_models_workers_and_threads(arts, start_server, tm
 @pytest.mark.parametrize("args, fleet_yaml, message", [
     (["a={e}", "a={r}"], None, "two models are named 'a'; name them apart with NAME=PATH"),
     (["={e}"], None, "model name '' must be 1-128 letters"),
-    (["--models", "{y}"], "models: [a, b]", "expected a 'models:' mapping of name -> artifact"),
+    (["--models", "{y}"], "models: [a, b]", "expected a 'models:' mapping of name -> artifact (or name -> "
+     "{artifact, workers, threads})"),
     (["--models", "{y}"], "models:\n  a: {{artifact: {e}, gpus: 2}}", "model 'a': unknown key(s) gpus; use "
      "artifact, workers, threads"),
     (["--models", "{y}"], "models:\n  a: {{artifact: {e}, workers: 0}}", "'workers' must be a whole number from 1 "
