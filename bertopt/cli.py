@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from bertopt.errors import BackendFailed, GateFailed, Terminated, UserError
-from bertopt.params import Param, typer_command
+from bertopt.params import Param, path_given, typer_command
 from bertopt.plugins import import_all
 from bertopt.terminal import console, err_console
 
@@ -40,7 +40,7 @@ def _stage_io_params(name: str) -> list[Param]:
     return [
         Param("input", str, None, f"Input: {takes}.", positional=True, required=True),
         Param("out", str, None, "Output artifact folder (must not exist unless --force).", required=True,
-              aliases=("-o",)),
+              aliases=("-o",), check=path_given),
         Param("force", bool, False, "Replace an existing output artifact.", negatable=False),
     ]
 
@@ -105,7 +105,7 @@ RUN_PARAMS = [
     Param("model", str, None, "Source model, overriding the recipe's (Hugging Face folder, .onnx, SavedModel, "
           "checkpoint, builtin:minilm).", aliases=("-m",)),
     Param("out", str, None, "Folder for the artifacts; each stage writes OUT/<recipe>/<NN>-<stage> (default: the "
-          "recipe's out:, else artifacts).", aliases=("-o",)),
+          "recipe's out:, else artifacts).", aliases=("-o",), check=path_given),
     Param("compare", bool, True, "Compare the final artifact with the original model on the built-in corpus."),
 ]
 INSPECT_PARAMS = [Param("artifact", str, None, "Artifact folder.", positional=True, required=True)]

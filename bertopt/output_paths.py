@@ -143,6 +143,8 @@ def check_output_file(path: str | os.PathLike, *, suffix: str, flag: str = "--ou
     in ``suffix`` (a writer that adds the suffix itself would otherwise write another file than the one named),
     and it may not go inside an artifact folder (nothing unhashed sits in one)."""
     shown = str(path)
+    if not shown.strip():
+        raise UserError(f"{flag} is empty; give the path of a {suffix} file")
     if not shown.endswith(suffix) or Path(shown).name == suffix:
         raise UserError(f"{flag} {shown}: give the path of a {suffix} file (the name must end in {suffix})")
     real = real_path(path)
@@ -174,10 +176,12 @@ def write_file(path: Path, write: Any) -> None:
 def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], flag: str = "--out",
                     kind: str = "") -> Path:
     """Refuse an output that is, is inside, or holds one of ``inputs`` (real paths); returns its real path."""
+    if not str(path).strip():  # Path('') is the current folder: never what an empty --out meant
+        raise UserError(f"{flag} is empty; give the path to write to")
     real = real_path(path)
     never = "stages never modify their input" if kind == "artifact" else "bertopt never writes over its input"
     for given in inputs:
-        if given is None or _has_scheme(str(given)):
+        if given is None or _has_scheme(str(given)) or not str(given).strip():  # an empty input is refused by name
             continue
         source = real_path(given)
         if real == source:

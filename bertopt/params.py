@@ -18,6 +18,12 @@ from typing import Any, Callable, List, Optional, Sequence
 from bertopt.errors import UserError
 
 
+def path_given(value: Any) -> str | None:
+    """A ``Param`` check for a path option: an empty one is refused (``Path('')`` is the current folder, never what
+    an empty --out meant)."""
+    return None if value is None or str(value).strip() else "is empty; give a path"
+
+
 @dataclass(frozen=True)
 class Param:
     name: str

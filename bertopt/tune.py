@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 from bertopt.errors import GateFailed, UserError
 from bertopt.measure.targets import targets_problem
-from bertopt.params import BATCH_DEV_BOUND, BATCH_SIZE, THREADS, Param, typer_command
+from bertopt.params import BATCH_DEV_BOUND, BATCH_SIZE, THREADS, Param, path_given, typer_command
 from bertopt.stages.prune import PARAMS as PRUNE_PARAMS
 from bertopt.tasks import TASKS
 
@@ -94,7 +94,7 @@ def tune_targets_problem(value: str) -> str | None:
 
     timed = [t.metric for t in parse_targets(value) if t.metric.split(".")[-1].split("@")[0] in LATENCY_METRICS]
     if timed:
-        return (f"'{timed[0]}' is a speed target; tune's --targets are fidelity thresholds (tune times every "
+        return (f"names a speed target, '{timed[0]}'; tune's --targets are fidelity thresholds (tune times every "
                 "candidate itself and keeps the fastest that passes): drop it, or gate speed afterwards with "
                 "'bertopt validate ARTIFACT --targets ...'")
     return None
@@ -898,7 +898,7 @@ TUNE_IO_PARAMS = [
     Param("source", str, None, "Model: Hugging Face folder, .onnx, builtin:minilm ...", positional=True,
           required=True),
     Param("out", str, None, "Folder for the chosen artifact (must not exist unless --force).", required=True,
-          aliases=("-o",)),
+          aliases=("-o",), check=path_given),
     Param("report_dir", str, None, "Folder for tune.json / tune.md / tune.html and each candidate's gate reports "
           "(default: OUT-report).", aliases=("-r",)),
     Param("force", bool, False, "Replace an existing output artifact.", negatable=False),

@@ -986,9 +986,14 @@ CASES = {
     "tune --candidates empty": lambda c: (
         ["tune", c.tiny_hf, "--candidates", ",", "--out", c.tmp / "a"], "'candidates' is empty; name one or more",
         [c.tmp / "a", c.tmp / "a-report"]),
+    # an empty path is no path (Path('') is the current folder, which held the input or was taken as it)
+    "export with an empty model": lambda c: (["export", "", "--out", c.tmp / "a"], "no model given ('')",
+                                             [c.tmp / "a"]),
+    "prune --out empty": lambda c: (["prune", c.tiny, "--out", ""], "prune: 'out' is empty; give a path", []),
+    "tune --out blank": lambda c: (["tune", c.tiny_hf, "--out", " "], "tune: 'out' is empty; give a path", []),
     "tune --targets a speed metric": lambda c: (
         ["tune", c.tiny_hf, "--targets", "cos_min>=0.99,latency_p99_ms@1x16<=100", "--out", c.tmp / "a"],
-        "'latency_p99_ms@1x16' is a speed target; tune's --targets are fidelity thresholds",
+        "tune: 'targets' names a speed target, 'latency_p99_ms@1x16'; tune's --targets are fidelity thresholds",
         [c.tmp / "a", c.tmp / "a-report"]),
     # the folders made for the output lock go again when the command fails (they were left empty)
     "run: a first stage that cannot take the model": lambda c: (
@@ -996,7 +1001,7 @@ CASES = {
          c.tmp / "new" / "runs", "--no-compare"], "prune takes a bertopt artifact", [c.tmp / "new"]),
     "run: a tune recipe with a speed target": lambda c: (
         ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{targets: 'speedup>=1.2'}}\n"), "--out", c.tmp / "a"],
-        "'speedup' is a speed target", [c.tmp / "a"]),
+        "names a speed target, 'speedup'", [c.tmp / "a"]),
     "run: a tune recipe whose data file is missing": lambda c: (
         ["run", c.recipe(f"name: r\nmodel: {c.tiny_hf}\ntune: {{data: 5}}\n"), "--out", c.tmp / "a"],
         "recipe.yaml: tune: 'data' file 5 is not found", [c.tmp / "a"]),
