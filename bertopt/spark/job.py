@@ -228,7 +228,7 @@ def spark_predict(artifact: str | Path, input: str | Path, output: str | Path, *
     from bertopt.runtime.predictor import sequence_length
 
     sequence_length(art.model_info, max_seq_len)  # so does a --max-seq-len past the model's positions
-    if provider == "cuda" and master.startswith("local"):
+    if provider == "cuda" and spark is None and str(master).startswith("local"):  # a session of this command's
         from bertopt.spark.placement import visible_gpu_count
 
         if not visible_gpu_count():  # the executors are this machine: say it now, not from every task
