@@ -75,6 +75,9 @@ def find_recipe(name_or_path: str | os.PathLike | None) -> Path:
     for candidate in (Path("recipes") / name, Path("recipes") / f"{name}.yaml"):
         if candidate.is_file():
             return candidate
+    if os.path.lexists(path):  # there, but a folder, a FIFO or a device: named for what it is
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise UserError(f"recipe {name} is {what}; give the path of a .yaml recipe")
     known = sorted(p.stem for p in Path("recipes").glob("*.yaml")) if Path("recipes").is_dir() else []
     raise UserError(f"recipe not found: {name}" + (f" (known: {', '.join(known)})" if known else
                                                     " (give the path of a .yaml recipe)"))

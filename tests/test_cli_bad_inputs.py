@@ -989,6 +989,10 @@ CASES = {
     # an empty path is no path (Path('') is the current folder, which held the input or was taken as it)
     "export with an empty model": lambda c: (["export", "", "--out", c.tmp / "a"], "no model given ('')",
                                              [c.tmp / "a"]),
+    "serve --make-curve-keys empty": lambda c: (["serve", "--make-curve-keys", ""],
+                                                "serve: 'make_curve_keys' is empty; give a path", []),
+    "run a folder as the recipe": lambda c: (["run", c.tmp], f"recipe {c.tmp} is a folder; give the path of a .yaml",
+                                             []),
     "prune --out empty": lambda c: (["prune", c.tiny, "--out", ""], "prune: 'out' is empty; give a path", []),
     "tune --out blank": lambda c: (["tune", c.tiny_hf, "--out", " "], "tune: 'out' is empty; give a path", []),
     "tune --targets a speed metric": lambda c: (

@@ -13,6 +13,7 @@ from bertopt.params import (
     PROVIDER,
     ConfigFields,
     Param,
+    path_given,
 )
 
 
@@ -122,7 +123,8 @@ SERVE_PARAMS = [
     Param("models", str, None, "A YAML file listing the models to serve (name -> artifact, or name -> {artifact, "
           "workers, threads}); with or instead of ARTIFACT.", file=True),
     *SERVE_CONFIG_PARAMS,
-    Param("make_curve_keys", str, None, "Create a key folder (server and one client key pair) and exit."),
+    Param("make_curve_keys", str, None, "Create a key folder (server and one client key pair) and exit.",
+          check=path_given),
     Param("status", bool, False, "Do not serve: ask the server running on --port/--port-out for its configuration "
           "and counters.", negatable=False),
     IP.with_(help="With --status: the server's address."),

@@ -42,7 +42,7 @@ def prune_onnx_artifact(art, config, out_dir: Path, overwrite: bool):
     known = art.output_names
     unknown = [k for k in keep if k not in known]
     if unknown:
-        raise UserError(f"prune: unknown output '{unknown[0]}'; this artifact has {', '.join(known)}")
+        raise UserError(f"unknown output '{unknown[0]}'; this artifact has {', '.join(known)}")
     before = graph_stats(model)
     prune_onnx(model, keep)
     after = graph_stats(model)
