@@ -40,10 +40,14 @@ def measure_throughput(predictor, texts, repeats: int = 2, batch_size: int = 32)
     return len(texts) / best
 
 
+MIN_SEQ_LEN = 3  # [CLS] text [SEP]: the fewest tokens a latency grid point can hold
+
+
 def fixed_length_feeds(predictor, texts: list[str], batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
     """Feeds of ``batch_size`` rows of exactly ``seq_len`` real tokens ([CLS] ... [SEP]) cut from ``texts``."""
-    if seq_len < 3:
-        raise UserError(f"latency sequence length {seq_len} is too short; use at least 3 ([CLS] text [SEP])")
+    if seq_len < MIN_SEQ_LEN:
+        raise UserError(f"latency sequence length {seq_len} is too short; use at least {MIN_SEQ_LEN} ([CLS] text "
+                        "[SEP])")
     if seq_len > predictor.max_seq_len:
         raise UserError(f"latency sequence length {seq_len} exceeds the model's maximum of {predictor.max_seq_len} "
                         f"tokens; use --seq-lens with values up to {predictor.max_seq_len}")

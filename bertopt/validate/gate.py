@@ -163,14 +163,18 @@ class GatePlan:
 
 
 def latency_seq_lens(artifact, config: dict[str, Any]) -> list[int]:
-    """The latency grid's sequence lengths: ``--seq-lens``, refused now (before any model loads) past the tokens
-    the artifact takes; the default grid (16, 128) is capped there instead, so a model of 64 positions is
-    timed at 16 and 64 rather than refused for an option its user never gave."""
+    """The latency grid's sequence lengths: ``--seq-lens``, refused now (before any model loads) under
+    ``MIN_SEQ_LEN`` or past the tokens the artifact takes; the default grid (16, 128) is capped there instead, so a
+    model of 64 positions is timed at 16 and 64 rather than refused for an option its user never gave."""
+    from bertopt.measure.latency import MIN_SEQ_LEN
     from bertopt.runtime.predictor import sequence_length
     from bertopt.validate.params import VALIDATE_PARAMS
 
     seq_lens = [int(v) for v in config["seq_lens"]]
     longest = sequence_length(artifact.model_info)
+    if config["latency"] and min(seq_lens) < MIN_SEQ_LEN:
+        raise UserError(f"latency sequence length {min(seq_lens)} is too short; use at least {MIN_SEQ_LEN} ([CLS] "
+                        "text [SEP])")
     if not config["latency"] or max(seq_lens) <= longest:
         return seq_lens
     default = next(p.default for p in VALIDATE_PARAMS if p.name == "seq_lens")

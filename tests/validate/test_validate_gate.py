@@ -167,6 +167,7 @@ def test_sentence_pairs_are_fed_as_two_segments(cli, task_artifact, tmp_path):
     (["--seq-lens", "999"], "latency sequence length 999 exceeds the 48 tokens"),
     (["--batch-sizes", "one"], "'batch_sizes' takes whole numbers like 1,32; got 'one'"),
     (["--seq-lens", "0"], "'seq_lens' values must be at least 1, got 0"),
+    (["--seq-lens", "2,16"], "latency sequence length 2 is too short; use at least 3"),
     (["--data", "missing.txt"], "data file not found"),
 ])
 def test_usage_errors_exit_2(cli, tiny_int8, tmp_path, args, message):
