@@ -92,7 +92,7 @@ def tune_targets_problem(value: str) -> str | None:
         return problem
     from bertopt.measure.targets import LATENCY_METRICS, parse_targets
 
-    timed = [t.metric for t in parse_targets(value) if t.metric.split(".")[-1].split("@")[0] in LATENCY_METRICS]
+    timed = [t.metric for t in parse_targets(value) if t.parts[1] in LATENCY_METRICS]
     if timed:
         return (f"names a speed target, '{timed[0]}'; tune's --targets are fidelity thresholds (tune times every "
                 "candidate itself and keeps the fastest that passes): drop it, or gate speed afterwards with "
@@ -355,7 +355,7 @@ def gate_candidate(artifact, *, data_file: Path, targets: str, reference, report
     for t in bare:
         parsed += [Target(f"{o['name']}.batch_dev", t.op, t.value) for o in artifact.outputs]
     targets = _target_string(parsed)
-    alone_targets = _target_string([t for t in parsed if t.metric.split(".")[-1] not in BATCH_METRICS])
+    alone_targets = _target_string([t for t in parsed if t.parts[1] not in BATCH_METRICS])
     common = {"data": str(data_file), "latency": False, "threads": threads, "provider": provider}
     batched = validate_artifact(artifact, {**common, "targets": targets, "batch_size": batch_size,
                                            "batch_check": True},

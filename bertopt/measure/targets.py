@@ -45,6 +45,14 @@ class Target:
     def holds(self, measured: float) -> bool:
         return measured >= self.value if self.op == ">=" else measured <= self.value
 
+    @property
+    def parts(self) -> tuple[str | None, str, str]:
+        """(output or None, metric name, grid point or ''): ``pooled.cos_min`` -> ('pooled', 'cos_min', ''),
+        ``speedup@32x128`` -> (None, 'speedup', '32x128')."""
+        output, _, metric = self.metric.partition(".") if "." in self.metric else (None, "", self.metric)
+        base, _, point = metric.partition("@")
+        return output or None, base, point
+
     def __str__(self) -> str:
         return f"{self.metric} {self.op} {self.value:.10g}"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bertopt.errors import BackendFailed, UserError
+from bertopt.measure.data import has_real_text
 from bertopt.messages import MAX_TEXT_CHARS
 from bertopt.output_paths import check_output, move_into_place, output_lock, sweep_stale, temp_sibling
 
@@ -133,7 +134,7 @@ def _check_text_files(path: str, files: list[Path]) -> None:
         if "\x00" in text or text.count("\ufffd") > len(text) // 10:
             raise UserError(f"input {file} is not UTF-8 text (NUL bytes or undecodable bytes throughout); give one "
                             "input a line, re-saved as UTF-8, or pass --format")
-        found = found or bool(text.strip())
+        found = found or has_real_text(text)
     if not found:
         raise UserError(f"input {path} has no text (empty or blank); write one input a line")
 

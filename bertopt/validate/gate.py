@@ -55,14 +55,12 @@ def check_target_metrics(targets, outputs: list[dict[str, Any]], primary: str, c
     kinds = {o["name"]: o.get("kind", "embedding") for o in outputs}
     qkey = _quantile_key(config["error_quantile"])
     for t in targets:
-        metric = t.metric
-        output = primary
-        if "." in metric:
-            output, metric = metric.split(".", 1)
+        named, base, point = t.parts
+        output = named or primary
+        if named is not None:
             if output not in kinds:
                 raise UserError(f"target '{t.metric}' names output '{output}', which this artifact does not have "
                                 f"(outputs: {', '.join(kinds)})")
-        base, _, point = metric.partition("@")
         if base in PER_OUTPUT_METRICS or base.startswith("abs_err_p"):
             if base.startswith("abs_err_p") and base != qkey:
                 raise UserError(f"target '{t.metric}': this run measures {qkey}; pass --error-quantile "

@@ -29,3 +29,8 @@ def test_a_target_no_measurement_can_meet_is_refused_up_front(text, said):
 @pytest.mark.parametrize("text", ["cos_min>=1", "speedup=3", "accuracy_degradation<=-0.01", "max_abs<=0"])
 def test_bounds_at_the_ends_or_on_unbounded_metrics_are_kept(text):
     assert len(parse_targets(text)) == 1
+
+
+def test_a_targets_parts_name_its_output_metric_and_grid_point():
+    assert [t.parts for t in parse_targets("pooled.cos_min>=0.99,speedup@32x128>=1.2,batch_dev<=1e-3")] == [
+        ("pooled", "cos_min", ""), (None, "speedup", "32x128"), (None, "batch_dev", "")]
