@@ -567,6 +567,22 @@ CASES = {
         ["quantize", c.tiny, "--keep-fp32-ops", "Softmax", "--out", c.tmp / "o"],
         "--keep-fp32-ops Softmax applies to --mode fp16 only (fp16 conversion), not to --mode int8-dynamic (ONNX "
         "Runtime dynamic int8); drop --keep-fp32-ops", [c.tmp / "o"]),
+    # an option the picked method reads only with another: given without it, it would change nothing
+    "quantize --smooth-roles without --smooth-alpha": lambda c: (
+        ["quantize", c.tiny, "--smooth-roles", "ffn-out", "--out", c.tmp / "o"],
+        "--smooth-roles ffn-out would be ignored: --mode int8-dynamic (ONNX Runtime dynamic int8) reads it only with "
+        "--smooth-alpha; add --smooth-alpha or drop --smooth-roles", [c.tmp / "o"]),
+    "quantize --mode int8-dynamic --calibration-data (nothing calibrates)": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-dynamic", "--calibration-data", c.write("calib.txt", "a sentence\n"),
+         "--out", c.tmp / "o"],
+        "would be ignored: --mode int8-dynamic (ONNX Runtime dynamic int8) reads it only with --accuracy-target, "
+        "--weight-rounding gptq, --smooth-alpha, --first-token-fp32 or --per-token, unlike --mode int8-static; add "
+        "one of them or drop --calibration-data", [c.tmp / "o"]),
+    "run: a fp16 quantize step with --op-types but no accuracy target": lambda c: (
+        ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: fp16, "
+                         "op_types: [MatMul]}\n"), "--out", c.tmp / "a"],
+        "stages[1] quantize: --op-types MatMul would be ignored: --mode fp16 (fp16 conversion) reads it only with "
+        "--accuracy-target, unlike --mode int8-dynamic or --mode int8-static", [c.tmp / "a"]),
     "quantize --mode fp16 --runtime openvino": lambda c: (
         ["quantize", c.tiny, "--mode", "fp16", "--runtime", "openvino", "--out", c.tmp / "o"],
         "--runtime openvino quantises with --mode int8-dynamic or --mode int8-static, not --mode fp16; use --runtime "

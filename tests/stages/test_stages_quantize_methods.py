@@ -63,12 +63,67 @@ def test_an_option_of_another_method_is_refused(method, param):
 
 def test_options_that_do_not_apply_are_none_and_a_resolved_config_resolves_again():
     config = resolve_config(PARAMS, {"mode": "fp16", "keep_fp32_ops": "Softmax"}, "q")
-    assert config["keep_fp32_ops"] == ["Softmax"] and config["threads"] is None and config["op_types"]
+    assert config["keep_fp32_ops"] == ["Softmax"] and config["threads"] is None and config["exclude_nodes"] == []
     assert config["per_token"] is None and config["per_channel"] is None and config["activation_group_size"] is None
     # a recipe resolves its steps when it is read and run_stage resolves them again
     assert resolve_config(PARAMS, config, "q") == config
     ov = resolve_config(PARAMS, {"runtime": "openvino"}, "q")
     assert ov["activation_group_size"] == 32 and ov["weight_rounding"] == "nearest" and ov["per_channel"] is None
+
+
+# (given, the line refusing it): an option the picked method reads only with another, given without it
+UNREAD = [
+    ({"smooth_roles": "ffn-out"}, "quantize: --smooth-roles ffn-out would be ignored: --mode int8-dynamic (ONNX "
+     "Runtime dynamic int8) reads it only with --smooth-alpha; add --smooth-alpha or drop --smooth-roles"),
+    ({"mode": "int8-static", "smooth_roles": "attention"}, "quantize: --smooth-roles attention would be ignored: "
+     "--mode int8-static (ONNX Runtime static int8) reads it only with --smooth-alpha; add --smooth-alpha or drop "
+     "--smooth-roles"),
+    ({"calibration_size": 64}, "quantize: --calibration-size 64 would be ignored: --mode int8-dynamic (ONNX Runtime "
+     "dynamic int8) reads it only with --accuracy-target, --weight-rounding gptq, --smooth-alpha, --first-token-fp32 "
+     "or --per-token, unlike --mode int8-static; add one of them or drop --calibration-size"),
+    ({"mode": "fp16", "calibration_data": "c.txt"}, "quantize: --calibration-data c.txt would be ignored: --mode fp16 "
+     "(fp16 conversion) reads it only with --accuracy-target, unlike --mode int8-static; add --accuracy-target or "
+     "drop --calibration-data"),
+    ({"runtime": "openvino", "calibration_data": "c.txt"}, "quantize: --calibration-data c.txt would be ignored: "
+     "--mode int8-dynamic --runtime openvino (OpenVINO int8) reads it only with --accuracy-target or "
+     "--weight-rounding gptq, unlike --mode int8-static; add one of them or drop --calibration-data"),
+    ({"accuracy_group": 1}, "quantize: --accuracy-group 1 would be ignored: --mode int8-dynamic (ONNX Runtime dynamic "
+     "int8) reads it only with --accuracy-target; add --accuracy-target or drop --accuracy-group"),
+    ({"mode": "fp16", "op_types": "MatMul"}, "quantize: --op-types MatMul would be ignored: --mode fp16 (fp16 "
+     "conversion) reads it only with --accuracy-target, unlike --mode int8-dynamic or --mode int8-static; add "
+     "--accuracy-target or drop --op-types"),
+]
+
+
+@pytest.mark.parametrize("given, line", UNREAD, ids=[", ".join(g) for g, _ in UNREAD])
+def test_an_option_read_only_with_another_is_refused_without_it(given, line):
+    with pytest.raises(UserError) as err:
+        resolve_config(PARAMS, given, "quantize")
+    assert str(err.value) == line
+
+
+@pytest.mark.parametrize("given", [
+    {"mode": "int8-static", "calibration_data": "c.txt", "calibration_size": 64},
+    {"mode": "int8-static", "runtime": "openvino", "calibration_size": 64},
+    {"per_token": True, "calibration_size": 16}, {"first_token_fp32": True, "calibration_data": "c.txt"},
+    {"weight_rounding": "gptq", "calibration_size": 16}, {"runtime": "openvino", "weight_rounding": "gptq",
+                                                          "calibration_data": "c.txt"},
+    {"smooth_alpha": 0.0, "smooth_roles": "ffn-out", "calibration_size": 16},
+    {"mode": "fp16", "accuracy_target": "cos_min=0.99", "op_types": "MatMul", "accuracy_group": 1,
+     "calibration_size": 16}])
+def test_an_option_read_only_with_another_is_taken_with_it(given):
+    config = resolve_config(PARAMS, given, "quantize")
+    assert all(config[k] is not None for k in given)
+    assert resolve_config(PARAMS, config, "quantize") == config
+
+
+def test_an_option_not_read_is_none_in_the_resolved_config():
+    config = resolve_config(PARAMS, {"mode": "fp16"}, "q")
+    assert [config[k] for k in ("calibration_data", "calibration_size", "accuracy_group", "op_types")] == [None] * 4
+    assert resolve_config(PARAMS, config, "q") == config  # a recipe's resolved step resolves again
+    dynamic = resolve_config(PARAMS, {}, "q")
+    assert dynamic["calibration_size"] is None and dynamic["smooth_roles"] is None and dynamic["op_types"]
+    assert resolve_config(PARAMS, {"smooth_alpha": 0.5}, "q")["smooth_roles"] == ["attention", "ffn-in"]
 
 
 def test_a_method_pair_nobody_implements_names_the_choices(tiny_onnx, tmp_path):
@@ -83,6 +138,7 @@ def test_the_artifact_records_what_the_method_read(tiny_onnx, tmp_path):
     params = art.lineage["params"]
     assert params["mode"] == "fp16" and params["keep_fp32_ops"]
     assert params["per_token"] is None and params["calibration_method"] is None
+    assert params["calibration_size"] is None and params["op_types"] is None  # read only with an accuracy target
 
 
 def test_refused_on_the_api_before_any_work(tiny_onnx, tmp_path):

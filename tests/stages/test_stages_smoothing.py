@@ -96,9 +96,9 @@ def _cos_min(art, parent):
 
 
 def test_smoothing_is_recorded_and_brings_int8_closer_on_outlier_channels(outlier_model, tmp_path):
-    base = {"mode": "int8-dynamic", "per_channel": True, "calibration_size": 48}
+    base = {"mode": "int8-dynamic", "per_channel": True}
     plain = run_stage("quantize", outlier_model, base, tmp_path / "plain")
-    smoothed = run_stage("quantize", outlier_model, {**base, "smooth_alpha": 0.5,
+    smoothed = run_stage("quantize", outlier_model, {**base, "calibration_size": 48, "smooth_alpha": 0.5,
                                                      "smooth_roles": ["ffn-in", "other"]}, tmp_path / "smooth")
     rep = smoothed.lineage["report"]["outliers"]
     assert rep["smoothing"]["alpha"] == 0.5 and rep["smoothing"]["roles"] == ["ffn-in", "other"]

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from bertopt.errors import UserError
 
+# what makes a quantize method read the calibration text (--calibration-data, --calibration-size): static int8
+# always; otherwise the accuracy search, and what ``calibration_statistics`` measures it for (GPTQ's input
+# correlations, the outlier transforms of smoothing.py and their fp32 check). The stage refuses the calibration
+# options given where none of these holds (methods.ReadWith)
+CALIBRATION_READERS = (("mode", "int8-static"), ("accuracy_target", None), ("weight_rounding", "gptq"),
+                       ("smooth_alpha", None), ("first_token_fp32", None), ("per_token", None))
+
 
 def load_calibration_texts(config) -> list[str]:
     from bertopt.data import calibration_texts

@@ -4,7 +4,8 @@ One method per precision and runtime, each declared by its module with the optio
 (:mod:`~bertopt.stages.quantize.methods`): ONNX Runtime dynamic and static int8 (``onnxruntime_int8.py``),
 OpenVINO int8 (``openvino_int8.py``), OpenVINO static int8 through NNCF (``nncf_int8.py``) and fp16
 (``fp16.py``). This module declares the options they all share and picks the method from ``--mode`` and
-``--runtime``; an option of another method is refused when the config is resolved. Each method calls the
+``--runtime``; an option of another method is refused when the config is resolved, and so is one the method would
+not read as configured (``READ_WITH``: ``--calibration-data`` with plain dynamic int8). Each method calls the
 accuracy search of :mod:`~bertopt.stages.quantize.accuracy_aware` when an ``accuracy_target`` is given. A new
 method is one module with ``METHODS`` and one line in ``METHOD_MODULES``.
 """
@@ -18,7 +19,8 @@ from bertopt.errors import UserError
 from bertopt.measure.targets import targets_problem
 from bertopt.params import THREADS, Param
 from bertopt.stages.quantize import fp16, nncf_int8, onnxruntime_int8, openvino_int8
-from bertopt.stages.quantize.methods import compose
+from bertopt.stages.quantize.calibration import CALIBRATION_READERS
+from bertopt.stages.quantize.methods import ReadWith, compose
 
 NAME = "quantize"
 HELP = "Lower precision: fp16, int8-dynamic or int8-static (calibrated), with an optional accuracy target."
@@ -48,6 +50,17 @@ SHARED = (
     THREADS,
 )
 
+# options read only with another: where none of their triggers holds they would change nothing, so they are None in
+# the resolved config (and the lineage) and refused when given
+READ_WITH = (
+    ReadWith("calibration_data", CALIBRATION_READERS),
+    ReadWith("calibration_size", CALIBRATION_READERS),
+    ReadWith("accuracy_group", (("accuracy_target", None),)),
+    ReadWith("smooth_roles", (("smooth_alpha", None),)),
+    # fp16 converts every operator but --keep-fp32-ops; its search picks fp32 islands among --op-types
+    ReadWith("op_types", (("mode", "int8-dynamic"), ("mode", "int8-static"), ("accuracy_target", None))),
+)
+
 PARAMS = compose(
     "Precision to produce.", "int8-dynamic",
     "The runtime the quantised model is made for. onnxruntime: ONNX Runtime's int8 operators (one activation "
@@ -56,7 +69,7 @@ PARAMS = compose(
     "--mode int8-static, fixed activation scales calibrated by NNCF (SmoothQuant, FFN outputs in float, measured "
     "on held-back text), written as an OpenVINO IR. Takes the exported or pruned ONNX, before 'optimize'.",
     "onnxruntime",
-    SHARED, METHOD_MODULES)
+    SHARED, METHOD_MODULES, READ_WITH)
 
 
 def preflight(config: dict[str, Any], where: str) -> None:
