@@ -578,6 +578,10 @@ CASES = {
         "would be ignored: --mode int8-dynamic (ONNX Runtime dynamic int8) reads it only with --accuracy-target, "
         "--weight-rounding gptq, --smooth-alpha, --first-token-fp32 or --per-token, unlike --mode int8-static; add "
         "one of them or drop --calibration-data", [c.tmp / "o"]),
+    "quantize --mode fp16 --keep-fp32-ops of a type the graph has not": lambda c: (
+        ["quantize", c.tiny, "--mode", "fp16", "--keep-fp32-ops", "softmax", "--out", c.tmp / "o"],
+        "has no operator of that type (did you mean Softmax?), so it would keep nothing fp32; name operator types "
+        "of this graph", [c.tmp / "o"]),
     "run: a fp16 quantize step with --op-types but no accuracy target": lambda c: (
         ["run", c.recipe(f"model: {c.tiny_hf}\nstages:\n  - export: {{}}\n  - quantize: {{mode: fp16, "
                          "op_types: [MatMul]}\n"), "--out", c.tmp / "a"],

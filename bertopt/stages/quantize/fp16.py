@@ -19,6 +19,21 @@ KEEP_FP32_OPS = Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNo
                       "Operator types kept in fp32.")
 
 
+def check_keep_fp32_ops(model, keep_fp32_ops: list[str], model_file) -> None:
+    """An operator type in ``--keep-fp32-ops`` that the graph does not have (a typo: 'softmax', a fused op of an
+    un-optimised graph) kept nothing fp32, while the list replaced the default one: refused, naming the type. The
+    default types are exempt, so the default list with a type added suits any graph."""
+    import difflib
+
+    present = {node.op_type for node in model.graph.node}
+    missing = [op for op in keep_fp32_ops if op not in present and op not in KEEP_FP32_OPS.default]
+    if missing:
+        close = difflib.get_close_matches(missing[0], sorted(present), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"--keep-fp32-ops {missing[0]}: {model_file} has no operator of that type{hint}, so it "
+                        "would keep nothing fp32; name operator types of this graph ('bertopt inspect' lists them)")
+
+
 def mask_path_nodes(graph, mask_inputs=("attention_mask", "input_mask")) -> set[str]:
     """Names of nodes computed only from the attention mask (and constants): the additive mask with its
     huge negative constant lives here and must stay fp32."""
@@ -119,6 +134,7 @@ def quantize_fp16(art, config: dict[str, Any], out_dir: Path, overwrite: bool):
     if config["accuracy_target"]:
         return search_fp16_islands(art, config, out_dir, overwrite)
     model = load_onnx(art.model_path)
+    check_keep_fp32_ops(model, config["keep_fp32_ops"], art.model_path)
     before = graph_stats(model)
     model, kept = fp16_convert(model, config["keep_fp32_ops"], config["exclude_nodes"])
     with ArtifactWriter(out_dir, stage="quantize", params=config, parent=art, overwrite=overwrite) as w:
@@ -147,6 +163,7 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
     targets = accuracy_targets(config, art)
     texts = load_calibration_texts(config)
     model = load_onnx(art.model_path)
+    check_keep_fp32_ops(model, config["keep_fp32_ops"], art.model_path)
     ensure_node_names(model.graph)
     before = graph_stats(model)
     user_excluded = list(config["exclude_nodes"])
