@@ -34,9 +34,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterator
 
 from bertopt.errors import ArtifactError, UserError, out_of_space
-from bertopt.model_handle import ModelHandle, output_kinds, primary_output
+from bertopt.model_handle import ModelHandle, output_kinds, primary_output, primary_output_problem
 from bertopt.output_paths import write_json
-from bertopt.tasks import DEFAULT_TASK, known_task
+from bertopt.tasks import DEFAULT_TASK, TASKS, known_task
 from bertopt.untrusted import json_depth
 
 FORMAT_VERSION = 1
@@ -44,6 +44,26 @@ MANIFEST_NAME = "bertopt.json"
 TOKENIZER_DIR = "tokenizer"
 # openvino-ir: an OpenVINO IR (model.xml + its model.bin, both hashed), written by the NNCF static int8 quantiser
 MODEL_FORMATS = ("onnx", "tf-savedmodel", "tf-graphdef", "openvino-ir")
+# the precisions a manifest records: export and the TF stages write fp32, quantize fp16 or its int8 mode; an
+# OpenVINO artifact's float execution precision follows (compile, quantize --runtime openvino): alone for a float
+# model ("bf16"), after the int8 one for an int8 model ("int8-dynamic+bf16")
+INT8_PRECISIONS = ("int8-dynamic", "int8-static")
+FLOAT_PRECISIONS = ("fp32", "fp16")
+EXECUTION_PRECISIONS = ("auto", "bf16", "fp32")  # OpenVINO's inference_precision auto, bf16, f32 as recorded
+
+
+def precision_problem(precision: Any) -> str | None:
+    """Why ``precision`` is not one a manifest may record (None: it is)."""
+    base, *execution = str(precision).split("+")
+    if execution and base in INT8_PRECISIONS and all(e in EXECUTION_PRECISIONS for e in execution):
+        return None
+    if not execution and base in (*FLOAT_PRECISIONS, *INT8_PRECISIONS, *EXECUTION_PRECISIONS):
+        return None
+    shown = ", ".join(dict.fromkeys((*FLOAT_PRECISIONS, *INT8_PRECISIONS, *EXECUTION_PRECISIONS)))
+    return (f"'precision' is {precision!r:.40}, not one bertopt writes ({shown}, or an int8 one with its OpenVINO "
+            "execution precision: int8-dynamic+bf16)")
+
+
 _STAGING = "staging"  # the digest of ArtifactWriter.staged(): files written by this stage, not yet hashed
 # a manifest is a few kilobytes (tens with validation results and a long history); far larger or deeper is not one
 MAX_MANIFEST_BYTES = 16 << 20
@@ -574,7 +594,8 @@ def canonical_model_info(info: dict[str, Any]) -> dict[str, Any]:
         return info
     out = dict(info)
     task = out.get("task") or DEFAULT_TASK
-    out["task"] = known_task(task) or task  # an unknown name stays as written (task_of falls back on the outputs)
+    # an unknown name stays as written (a manifest's is refused on load; task_of falls back on the outputs)
+    out["task"] = known_task(task) or task
     out.setdefault("family", "bert")
     out.setdefault("pair_input", out["task"] == "rerank")
     if out["task"] in ("classification", "rerank", "token-classification"):
@@ -668,6 +689,14 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
         if section in manifest and key in manifest[section] and not _type_ok(manifest[section][key], types):
             raise bad(f"'{section}.{key}' must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got "
                       f"{manifest[section][key]!r:.40}")
+    if "precision" in manifest and precision_problem(manifest["precision"]):
+        raise bad(precision_problem(manifest["precision"]))
+    info = manifest.get("model", {})
+    if info.get("task") is not None and known_task(info["task"]) is None:  # no task: an embedding model
+        raise bad(f"'model.task' is {info['task']!r:.40}, not a task bertopt knows ({', '.join(TASKS)})")
+    problem = primary_output_problem(info.get("primary_output"), manifest["outputs"])
+    if problem:
+        raise bad(problem)
     for i, step in enumerate(manifest.get("history", [])):
         if not isinstance(step, dict) or not _type_ok(step.get("params"), (dict, _NONE)) \
                 or not _type_ok(step.get("stage"), (str, _NONE)):
@@ -722,7 +751,7 @@ class ArtifactWriter:
     with ArtifactWriter(out_dir, stage="quantize", params=cfg, parent=art) as w:
         save model into w.dir / "model.onnx"
         w.copy_tokenizer(art)
-        w.set_model("model.onnx", "onnx", inputs, outputs, precision="int8")
+        w.set_model("model.onnx", "onnx", inputs, outputs, precision="int8-dynamic")
         w.report["nodes_before"] = ...
     -> w.artifact is the loaded result
     """
@@ -801,6 +830,8 @@ class ArtifactWriter:
     ) -> None:
         if model_format not in MODEL_FORMATS:
             raise ValueError(f"unknown model format {model_format}")
+        if precision_problem(precision):
+            raise ValueError(precision_problem(precision))
         self._model = {
             "model_file": model_file,
             "model_format": model_format,

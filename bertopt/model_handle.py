@@ -43,6 +43,15 @@ def primary_output(model: Any) -> str | None:
     return model.model_info.get("primary_output") or (model.outputs[-1]["name"] if model.outputs else None)
 
 
+def primary_output_problem(primary: str | None, outputs: Any) -> str | None:
+    """Why ``primary`` cannot be a model's primary output (None: it can, or none is named): it must be one of
+    ``outputs``. Checked when a manifest is loaded and by validate, in these words."""
+    names = [o["name"] for o in outputs]
+    if primary is None or primary in names:
+        return None
+    return f"primary output {primary!r:.80} is not among the outputs ({', '.join(names)})"
+
+
 def reads_token_types(inputs: Any) -> bool:
     """Whether a model with these input specs reads token type ids (an input whose role is token_type_ids; a spec
     without a role is named for it): the one test of whether a tokenizer's token types must fit its table."""

@@ -33,6 +33,38 @@ def test_manifest_records_format_io_precision_hashes_and_lineage(tiny_onnx):
     assert m["model"]["num_attention_heads"] == 4
 
 
+def test_every_precision_a_stage_writes_is_one_a_manifest_may_record(tmp_path):
+    from bertopt.artifact import precision_problem
+    from bertopt.stages.compile import PARAMS as COMPILE_PARAMS
+    from bertopt.stages.compile import precision_label
+    from bertopt.stages.quantize.stage import PARAMS as QUANTIZE_PARAMS
+
+    modes = next(p for p in QUANTIZE_PARAMS if p.name == "mode").choices
+    execution = next(p for p in COMPILE_PARAMS if p.name == "inference_precision").choices
+    written = {"fp32", *modes}  # export, quantize
+    written |= {precision_label(p, e) for p in written for e in execution}  # compile / quantize for OpenVINO
+    written |= {precision_label(p, e) for p in written for e in execution}  # compiled again
+    assert {"fp16", "int8-static", "bf16", "int8-dynamic+bf16", "int8-static+fp32"} <= written
+    assert [p for p in written if precision_problem(p)] == []
+    assert all(precision_problem(p) for p in ("int4", "int8", "fp16+bf16", "int8-dynamic+f32", "", "FP32"))
+    with pytest.raises(ValueError, match="'precision' is 'int4', not one bertopt writes"):
+        ArtifactWriter(tmp_path / "a", stage="test").set_model("model.onnx", "onnx", [], [], precision="int4")
+
+
+def test_a_manifest_task_is_one_bertopt_knows_an_older_name_of_one_or_none(tiny_onnx, tmp_path):
+    from bertopt.runtime.tasks import task_of
+
+    folder = tmp_path / "a"
+    shutil.copytree(tiny_onnx.path, folder)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    for task in (None, "sentence-embedding", "encoder"):  # none: read from the outputs; older names: still read
+        (folder / MANIFEST_NAME).write_text(json.dumps({**manifest, "model": {**manifest["model"], "task": task}}))
+        assert task_of(Artifact.load(folder)) == "embedding"
+    (folder / MANIFEST_NAME).write_text(json.dumps({**manifest, "model": {**manifest["model"], "task": "qa"}}))
+    with pytest.raises(ArtifactError, match="'model.task' is 'qa', not a task bertopt knows .embedding, "):
+        Artifact.load(folder)
+
+
 def test_child_records_parent_digest_and_history(tiny_onnx, tmp_path):
     from bertopt.registry import run_stage
 

@@ -710,6 +710,23 @@ CASES = {
     "serve: model section of the wrong type": lambda c: (
         ["serve", c.edited_manifest(_set("model", "bert")), "--port", str(free_port()), "--port-out",
          str(free_port())], "'model' must be a mapping", []),
+    # what a manifest says the model is: a task, a precision and a primary output bertopt knows (inspect and prune
+    # took them as written: prune even renamed the primary output to its last)
+    "inspect: a manifest task bertopt does not know": lambda c: (
+        ["inspect", c.edited_manifest(_set_in(("model", "task"), "summarization"))],
+        "'model.task' is 'summarization', not a task bertopt knows (embedding, classification, token-classification, "
+        "rerank, sparse-embedding); re-create the artifact", []),
+    "prune: a manifest precision bertopt does not write": lambda c: (
+        ["prune", c.edited_manifest(_set("precision", "int4")), "--out", c.tmp / "o"],
+        "'precision' is 'int4', not one bertopt writes (fp32, fp16, int8-dynamic, int8-static, auto, bf16, or an int8 "
+        "one with its OpenVINO execution precision: int8-dynamic+bf16); re-create the artifact", [c.tmp / "o"]),
+    "inspect: a primary output that is not an output": lambda c: (
+        ["inspect", c.edited_manifest(_set_in(("model", "primary_output"), "pooler_output"))],
+        "primary output 'pooler_output' is not among the outputs (last_hidden_state, sentence_embedding); re-create "
+        "the artifact", []),
+    "prune: a primary output that is not an output": lambda c: (
+        ["prune", c.edited_manifest(_set_in(("model", "primary_output"), "pooler_output")), "--out", c.tmp / "o"],
+        "primary output 'pooler_output' is not among the outputs", [c.tmp / "o"]),
     # data with no real text, and data files that are not there
     "validate --data of NUL bytes": lambda c: (
         ["validate", c.tiny, "--data", c.nul_file(), "--report-dir", c.tmp / "r"], "no real text", [c.tmp / "r"]),
@@ -981,7 +998,7 @@ CASES = {
         ["bench", c.edited_manifest(lambda m: {**m, "inputs": m["inputs"][:1]}), "--rounds", "1"],
         "the model needs input 'attention_mask', which the manifest does not list", []),
     "bench: a manifest output the model has not": lambda c: (
-        ["bench", c.edited_manifest(_set_in(("outputs", 1, "name"), "nope")), "--rounds", "1"],
+        ["bench", c.edited_manifest(_set_in(("outputs", 0, "name"), "nope")), "--rounds", "1"],  # not the primary
         "the manifest lists output 'nope', which the model has not", []),
     "validate: a lineage source of an unknown kind": lambda c: (
         ["validate", c.edited_manifest(_set_in(("lineage", "source"), {"kind": "bogus"})), "--no-latency",

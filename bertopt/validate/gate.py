@@ -36,6 +36,7 @@ from bertopt.measure.targets import (
     known_metrics,
     parse_targets,
 )
+from bertopt.model_handle import primary_output_problem
 from bertopt.plugins import Registry
 from bertopt.tasks import FIDELITY_METRIC_TASK, FIDELITY_METRICS
 
@@ -201,9 +202,9 @@ def plan_gate(artifact, config: dict[str, Any] | None, report_dir) -> GatePlan:
     primary = artifact.primary_output
     if model_task != "embedding":
         primary = task_output(artifact, model_task)
-    if primary not in kinds:
-        raise UserError(f"{artifact.path}: primary output '{primary}' is not among the outputs "
-                        f"({', '.join(kinds)}); re-create the artifact")
+    problem = primary_output_problem(primary, outputs)
+    if problem:
+        raise UserError(f"{artifact.path}: {problem}; re-create the artifact")
     targets_are_defaults = not config["targets"]
     targets = parse_targets(config["targets"] or default_targets(kinds[primary]))
     batch_sizes = [int(v) for v in config["batch_sizes"]]  # checked by VALIDATE_PARAMS (whole_numbers)
