@@ -49,8 +49,9 @@ class Target:
     def parts(self) -> tuple[str | None, str, str]:
         """(output or None, metric name, grid point or ''): ``pooled.cos_min`` -> ('pooled', 'cos_min', ''),
         ``speedup@32x128`` -> (None, 'speedup', '32x128')."""
-        output, _, metric = self.metric.partition(".") if "." in self.metric else (None, "", self.metric)
-        base, _, point = metric.partition("@")
+        # a metric name has no dot and an output name may (ONNX names like 'output.1'): the last dot splits them
+        head, _, point = self.metric.partition("@")
+        output, _, base = head.rpartition(".")
         return output or None, base, point
 
     def __str__(self) -> str:
@@ -96,7 +97,7 @@ NEVER_NEGATIVE = ("max_abs", "mean_abs", "abs_err", "nan_or_inf", "latency_p", "
 
 
 def _never_holds(target: Target) -> str | None:
-    base = target.metric.split("@")[0]
+    base = target.parts[1]
     if target.value != target.value:
         return "it is not a number"
     if "degradation" in base or base.startswith("reference_"):

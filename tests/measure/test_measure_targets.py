@@ -34,3 +34,5 @@ def test_bounds_at_the_ends_or_on_unbounded_metrics_are_kept(text):
 def test_a_targets_parts_name_its_output_metric_and_grid_point():
     assert [t.parts for t in parse_targets("pooled.cos_min>=0.99,speedup@32x128>=1.2,batch_dev<=1e-3")] == [
         ("pooled", "cos_min", ""), (None, "speedup", "32x128"), (None, "batch_dev", "")]
+    # an ONNX output name may hold a dot; a metric name never does
+    assert parse_targets("output.1.max_abs<=0.01")[0].parts == ("output.1", "max_abs", "")

@@ -92,6 +92,9 @@ def test_fp16_search_picks_fp32_islands(tiny_onnx, tmp_path):
 def test_unreachable_or_wrong_targets_are_user_errors(tiny_onnx, tmp_path):
     with pytest.raises(UserError, match="not an accuracy metric"):
         run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "accuracy_target": "speedup=2"}, tmp_path / "a")
+    with pytest.raises(UserError, match="'cos_min@32x128' is not an accuracy metric"):  # a grid point is latency's
+        run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "accuracy_target": "cos_min@32x128=0.9"},
+                  tmp_path / "a2")
     with pytest.raises(UserError, match="names output 'pooled'"):
         run_stage("quantize", tiny_onnx, {"mode": "int8-dynamic", "accuracy_target": "pooled.cos_min=0.9"},
                   tmp_path / "b")

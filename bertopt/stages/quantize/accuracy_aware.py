@@ -41,11 +41,11 @@ def accuracy_targets(config, art) -> list:
     targets = parse_targets(config["accuracy_target"])
     outputs = art.output_names
     for t in targets:
-        output, _, base = t.metric.rpartition(".")
+        output, base, point = t.parts
         if output and output not in outputs:
             raise UserError(f"accuracy target '{t.metric}' names output '{output}', which {art.path} does not have "
                             f"(outputs: {', '.join(outputs)})")
-        if base not in ACCURACY_METRICS:
+        if point or base not in ACCURACY_METRICS:
             raise UserError(f"accuracy target '{t.metric}' is not an accuracy metric; use one of "
                             f"{', '.join(ACCURACY_METRICS)} (latency is gated by 'bertopt validate')")
     return targets
