@@ -812,7 +812,9 @@ def _plot(record: dict[str, Any]) -> bytes | None:
             ax.scatter([x], [floor], marker="x", color="tab:red", zorder=3)
             ax.annotate(f"{c['name']} (failed)", (x, floor), textcoords="offset points", xytext=(5, 5), fontsize=8,
                         color="tab:red")
-    bound = next((float(t.split(">=")[1]) for t in record["targets"].split(",") if t.startswith("cos_min>=")), None)
+    from bertopt.measure.targets import parse_targets
+
+    bound = next((t.value for t in parse_targets(record["targets"]) if t.metric == "cos_min" and t.op == ">="), None)
     if bound is not None:
         ax.axvline(1.0 - bound, color="black", linestyle="--", linewidth=0.8)
         ax.annotate(f"gate: cos min >= {bound:g}", (1.0 - bound, 0), textcoords="offset points", xytext=(-4, 20),
