@@ -18,10 +18,17 @@ from typing import Any, Callable, List, Optional, Sequence
 from bertopt.errors import UserError
 
 
-def path_given(value: Any) -> str | None:
-    """A ``Param`` check for a path option: an empty one is refused (``Path('')`` is the current folder, never what
-    an empty --out meant)."""
-    return None if value is None or str(value).strip() else "is empty; give a path"
+def not_blank(fix: str) -> Callable[[Any], str | None]:
+    """A ``Param`` check refusing an empty or blank value, the message ending in ``fix`` (what to give instead)."""
+
+    def check(value: Any) -> str | None:
+        return None if value is None or str(value).strip() else f"is empty; {fix}"
+
+    return check
+
+
+# an empty path is refused: ``Path('')`` is the current folder, never what an empty --out meant
+path_given = not_blank("give a path")
 
 
 @dataclass(frozen=True)

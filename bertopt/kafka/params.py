@@ -5,26 +5,22 @@ from __future__ import annotations
 
 from bertopt.kafka.spark_backend import SPARK_BACKEND_PARAMS
 from bertopt.messages import MAX_REQUEST_BYTES_PARAM, MAX_TEXT_CHARS_PARAM, MAX_TEXTS_PARAM
-from bertopt.params import BATCH_SIZE, LONG_INPUTS, THREADS, ConfigFields, Param
+from bertopt.params import BATCH_SIZE, LONG_INPUTS, THREADS, ConfigFields, Param, not_blank
 
 BACKENDS = ("local", "zmq", "spark")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _not_blank(value: str) -> str | None:
-    return "must not be empty" if not value.strip() else None
-
-
 # BridgeConfig's settings; the Param's name is the field's unless BRIDGE_FIELDS says otherwise.
 BRIDGE_PARAMS = [
     Param("bootstrap", str, None, "Kafka bootstrap servers, HOST:PORT[,...].", required=True, aliases=("-b",),
-          check=_not_blank),
+          check=not_blank("give HOST:PORT")),
     Param("request_topic", str, None, 'Topic clients write requests to: JSON {"id": ..., "text": "..."} or '
-          '{"id": ..., "texts": [...]}.', required=True, check=_not_blank),
+          '{"id": ..., "texts": [...]}.', required=True, check=not_blank("give a topic name")),
     Param("response_topic", str, None, "Topic the responses go to, keyed by the request's key and carrying its id.",
-          required=True, check=_not_blank),
+          required=True, check=not_blank("give a topic name")),
     Param("group_id", str, "bertopt-kafka", "Consumer group: bridges sharing it split the request partitions "
-          "between them.", aliases=("-g",), check=_not_blank),
+          "between them.", aliases=("-g",), check=not_blank("give a consumer group name")),
     Param("max_batch", int, 64, "Most requests run through the model as one batch.", min=1),
     Param("max_wait_ms", int, 50, "How long to wait for a batch to fill before running what arrived.", min=0),
     MAX_TEXTS_PARAM.with_(help="A request with more texts gets an error response (responses must fit in one Kafka "

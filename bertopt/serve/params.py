@@ -13,12 +13,9 @@ from bertopt.params import (
     PROVIDER,
     ConfigFields,
     Param,
+    not_blank,
     path_given,
 )
-
-
-def _not_blank(value: str) -> str | None:
-    return "is empty; give a secret, or leave the option out" if not value.strip() else None
 
 
 def _gpu_numbers(value: str) -> str | None:
@@ -63,7 +60,7 @@ SERVE_CONFIG_PARAMS = [
           "/rerank, /tokenize, /health, /info, /metrics.", min=1, max=65535),
     Param("zmq", bool, True, "Serve ZeroMQ on --port/--port-out (--no-zmq with --http-port: HTTP only)."),
     Param("api_key", str, None, "HTTP clients must send 'Authorization: Bearer KEY' (env BERTOPT_API_KEY).",
-          envvar="BERTOPT_API_KEY", check=_not_blank),
+          envvar="BERTOPT_API_KEY", check=not_blank("give a secret, or leave the option out")),
     MAX_TEXTS_PARAM.with_(name="max_client_batch_size", default=2048, help="Most texts in one request, ZeroMQ and "
                           "HTTP (more: an error reply / 413)."),
     MAX_TEXT_CHARS_PARAM,
