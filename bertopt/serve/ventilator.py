@@ -158,6 +158,9 @@ class WorkerPool:
         self.slots = [WorkerSlot(i, model) for i, model in enumerate(models)]
         self.metrics = metrics
         self.restarts = 0
+        # until every worker has loaded, start() raises a load failure as the one error line the user sees; after
+        # that (a restart), the log is where it shows
+        self.started = False
 
     def spawn(self, slot: WorkerSlot) -> None:
         wcfg = dict(self.worker_cfgs[slot.model], index=slot.index, identity=slot.identity.decode())
@@ -181,6 +184,7 @@ class WorkerPool:
             self._raise_on_start_failure()
             if progress:
                 progress(sum(s.ready for s in self.slots), len(self.slots))
+        self.started = True
 
     def _raise_on_start_failure(self) -> None:
         from bertopt.errors import UserError
@@ -261,7 +265,8 @@ class WorkerPool:
                      slot.info.get("threads"), slot.info.get("provider"))
         elif tag == FAIL:
             slot.last_error = frames[2].decode(errors="replace")
-            log.error("worker %d could not load the artifact: %s", slot.index, slot.last_error)
+            log.log(logging.ERROR if self.started else logging.DEBUG, "worker %d could not load the artifact: %s",
+                    slot.index, slot.last_error)
         elif tag == DONE:
             job_id = int(frames[2])
             for lane, job in slot.lanes.items():

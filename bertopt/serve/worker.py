@@ -209,7 +209,9 @@ def _warm_up(cfg: dict, ctrl, predictor, priority_predictor) -> dict | None | bo
         if priority_predictor is not predictor:  # a second session (OpenVINO): warm it too
             warm["seconds"] += warm_up(priority_predictor, cfg["output"], budget)["seconds"]
     except Exception as exc:
-        log.error("worker %d: warm-up failed: %s", cfg["index"], traceback.format_exc())
+        # the server shows the one line below (as the start's error, or in its log on a restart); the trace is
+        # for --log-level debug
+        log.debug("worker %d: warm-up failed: %s", cfg["index"], traceback.format_exc())
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         message = f"its warm-up batch failed ({reason}); serve with --no-warmup or a smaller --max-seq-len"
         ctrl.send_multipart([FAIL, message_bytes(message)])

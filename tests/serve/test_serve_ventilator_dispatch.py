@@ -79,3 +79,21 @@ def test_queued_pieces_of_a_failed_request_are_dropped_not_run(pool_with_a_dead_
     job = scheduler._next_job(scheduler.queues["m"].bulk, LANE_BULK, 10_000, 1000, "m")
     assert {p.request_id for p in job.pieces} == {b"2"} and job.size == 40
     assert len(scheduler) == 0
+
+
+def test_a_load_failure_is_logged_only_once_the_fleet_has_started(pool_with_a_dead_worker, caplog):
+    """At start the failure is the user's one 'error:' line (start raises it); a log line too would say it twice.
+    A restarted worker's failure has only the log to show it."""
+    import logging
+
+    from bertopt.protocol import FAIL
+
+    pool, slot = pool_with_a_dead_worker
+    with caplog.at_level(logging.DEBUG, logger="bertopt"):
+        pool.handle([slot.identity, FAIL, b"no such file"])
+        assert slot.last_error == "no such file"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        pool.started = True
+        pool.handle([slot.identity, FAIL, b"no such file"])
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "worker 0 could not load the artifact: no such file"]
