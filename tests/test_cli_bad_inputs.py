@@ -568,6 +568,12 @@ CASES = {
         "--keep-fp32-ops Softmax applies to --mode fp16 only (fp16 conversion), not to --mode int8-dynamic (ONNX "
         "Runtime dynamic int8); drop --keep-fp32-ops", [c.tmp / "o"]),
     # an option the picked method reads only with another: given without it, it would change nothing
+    # NNCF's static int8 runs its own ranked search, not the grouped one --accuracy-group steers
+    "quantize nncf static int8 --accuracy-group": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--runtime", "openvino", "--accuracy-target", "cos_min=0.99",
+         "--accuracy-group", "1", "--out", c.tmp / "o"],
+        "--accuracy-group 1 applies to --mode fp16 or --mode int8-dynamic or --mode int8-static or --mode "
+        "int8-dynamic --runtime openvino only", [c.tmp / "o"]),
     "quantize --smooth-roles without --smooth-alpha": lambda c: (
         ["quantize", c.tiny, "--smooth-roles", "ffn-out", "--out", c.tmp / "o"],
         "--smooth-roles ffn-out would be ignored: --mode int8-dynamic (ONNX Runtime dynamic int8) reads it only with "

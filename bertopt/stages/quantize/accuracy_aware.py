@@ -29,6 +29,11 @@ import numpy as np
 
 from bertopt.cosine import cosine_rows
 from bertopt.errors import UserError
+from bertopt.params import Param
+
+# read by the methods that run this search (NNCF's static int8 has its own, ranked one, and refuses it)
+ACCURACY_GROUP = Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators "
+                       "are kept fp32 per search step (smaller: fewer kept, more steps).", min=1)
 
 ACCURACY_METRICS = ("cos_mean", "cos_p01", "cos_min", "max_abs", "mean_abs", "pass_fraction", "nan_or_inf",
                     "neighbour_agreement_at_10", "top1_agreement", "abs_err_p99")

@@ -12,6 +12,7 @@ from typing import Any
 
 from bertopt.errors import UserError
 from bertopt.params import Param
+from bertopt.stages.quantize.accuracy_aware import ACCURACY_GROUP
 from bertopt.stages.quantize.methods import Method
 
 KEEP_FP32_OPS = Param("keep_fp32_ops", list, ["LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
@@ -202,4 +203,4 @@ def search_fp16_islands(art, config: dict[str, Any], out_dir: Path, overwrite: b
     return w.artifact
 
 
-METHODS = (Method("fp16 conversion", "fp16", "onnxruntime", (KEEP_FP32_OPS,), quantize_fp16),)
+METHODS = (Method("fp16 conversion", "fp16", "onnxruntime", (KEEP_FP32_OPS, ACCURACY_GROUP), quantize_fp16),)

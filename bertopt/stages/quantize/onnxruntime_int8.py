@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bertopt.errors import BackendFailed, UserError
 from bertopt.params import Param
+from bertopt.stages.quantize.accuracy_aware import ACCURACY_GROUP
 from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
 from bertopt.stages.quantize.methods import Method
 from bertopt.stages.quantize.smoothing import OUTLIER_PARAMS
@@ -262,7 +263,7 @@ def search_int8_fallback(art, config, out_dir: Path, overwrite: bool):
 
 METHODS = (
     Method("ONNX Runtime dynamic int8", "int8-dynamic", "onnxruntime",
-           (PER_CHANNEL, PER_TOKEN, WEIGHT_ROUNDING, *OUTLIER_PARAMS), quantize_int8),
+           (PER_CHANNEL, PER_TOKEN, WEIGHT_ROUNDING, *OUTLIER_PARAMS, ACCURACY_GROUP), quantize_int8),
     Method("ONNX Runtime static int8", "int8-static", "onnxruntime",
-           (PER_CHANNEL, CALIBRATION_METHOD, *OUTLIER_PARAMS), quantize_int8),
+           (PER_CHANNEL, CALIBRATION_METHOD, *OUTLIER_PARAMS, ACCURACY_GROUP), quantize_int8),
 )

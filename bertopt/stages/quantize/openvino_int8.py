@@ -32,6 +32,7 @@ from bertopt.errors import UserError
 from bertopt.params import STATIC_FULL_BATCH, Param
 from bertopt.stages.compile import PARAMS as COMPILE_PARAMS
 from bertopt.stages.compile import precision_label, refuse_ort_contrib_ops
+from bertopt.stages.quantize.accuracy_aware import ACCURACY_GROUP
 from bertopt.stages.quantize.gptq import WEIGHT_ROUNDING
 from bertopt.stages.quantize.methods import Method
 
@@ -253,5 +254,5 @@ def quantize_int8_openvino(art, config: dict[str, Any], out_dir: Path, overwrite
 
 METHODS = (Method("OpenVINO int8", "int8-dynamic", "openvino",
                   (WEIGHT_ROUNDING, ACTIVATION_GROUP_SIZE, INFERENCE_PRECISION, KEEP_FFN_OUTPUT,
-                   STATIC_FULL_BATCH),
+                   STATIC_FULL_BATCH, ACCURACY_GROUP),
                   quantize_int8_openvino),)

@@ -45,8 +45,6 @@ SHARED = (
     Param("calibration_size", int, 128, "How many calibration sentences to use.", min=1),
     Param("accuracy_target", str, None, "Keep the most sensitive operators in fp32 until the target holds, "
           "e.g. 'cos_min=0.995' or 'cos_min=0.995,cos_mean=0.999'.", check=targets_problem),
-    Param("accuracy_group", int, 2, "With --accuracy-target: how many of the most sensitive operators are kept "
-          "fp32 per search step (smaller: fewer kept, more steps).", min=1),
     THREADS,
 )
 
