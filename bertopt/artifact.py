@@ -34,7 +34,14 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterator
 
 from bertopt.errors import ArtifactError, UserError, out_of_space
-from bertopt.model_handle import ModelHandle, output_kinds, primary_output, primary_output_problem
+from bertopt.model_handle import (
+    FLOAT_MODEL_FILE,
+    FLOAT_SHORT_TEXTS,
+    ModelHandle,
+    output_kinds,
+    primary_output,
+    primary_output_problem,
+)
 from bertopt.output_paths import write_json
 from bertopt.tasks import DEFAULT_TASK, TASKS, known_task
 from bertopt.untrusted import json_depth
@@ -513,6 +520,8 @@ class Artifact:
         companions = list(self.manifest.get("external_data", []))
         if model_format == "openvino-ir":  # the weights beside model.xml
             companions.append(model_file.with_suffix(".bin").as_posix())
+            if FLOAT_SHORT_TEXTS in (self.manifest.get("runtime_options") or {}):  # the float copy, for short texts
+                companions += [FLOAT_MODEL_FILE, PurePosixPath(FLOAT_MODEL_FILE).with_suffix(".bin").as_posix()]
         companions = [rel for rel in companions if rel in listed or self.digest == _STAGING]
         runtime = "tensorflow" if model_format in ("tf-graphdef", "tf-savedmodel") else self.runtime
         tensorflow = self.manifest.get("tensorflow")
@@ -736,6 +745,18 @@ def check_manifest(manifest: Any, where: Path | str) -> None:
         problem = member_path_problem(name)
         if problem or name not in files:
             raise bad(f"'external_data' names {name!r:.80}, which {problem or 'is not in files (never hashed)'}")
+    short = (manifest.get("runtime_options") or {}).get(FLOAT_SHORT_TEXTS)
+    if short is not None:
+        if isinstance(short, bool) or not isinstance(short, int) or short < 1:
+            raise bad(f"'runtime_options.{FLOAT_SHORT_TEXTS}' must be a whole number of tokens (at least 1), got "
+                      f"{short!r:.40}")
+        if manifest["model_format"] != "openvino-ir":
+            raise bad(f"'runtime_options.{FLOAT_SHORT_TEXTS}' is for OpenVINO IR artifacts (static int8 with a float "
+                      f"copy), not {manifest['model_format']}")
+        for name in (FLOAT_MODEL_FILE, PurePosixPath(FLOAT_MODEL_FILE).with_suffix(".bin").as_posix()):
+            if name not in files:
+                raise bad(f"'runtime_options.{FLOAT_SHORT_TEXTS}' runs short texts on {name}, which 'files' does not "
+                          "list (never hashed)")
     if manifest["digest"] != _digest_of_files(files):
         raise bad("'digest' is not the digest of the file hashes it lists (a file's hash was changed after the "
                   "artifact was made, so it is not the artifact that digest names)")

@@ -35,6 +35,10 @@ DEFAULT_RUNTIMES = {
 }
 # formats the handle holds as an in-memory object (``module``) rather than a file
 IN_MEMORY_FORMATS = ("tensorflow", "pytorch")
+# an OpenVINO static int8 artifact may run its short texts on a float copy of its model (``runtime_options``
+# ``float_short_texts``: texts of at most that many tokens): that copy's IR, beside model.xml, hashed like it
+FLOAT_SHORT_TEXTS = "float_short_texts"
+FLOAT_MODEL_FILE = "float.xml"
 
 
 def primary_output(model: Any) -> str | None:

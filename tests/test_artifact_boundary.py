@@ -346,6 +346,31 @@ def _point_external_data_outside(model_file: Path, outside: Path) -> None:
     onnx.save(model, str(model_file))
 
 
+def _float_copy_linked_out(h: Hostile):
+    """A static int8 IR whose float copy for short texts (``runtime_options.float_short_texts``) is a link to a
+    model outside, unlisted: refused before OpenVINO could read it."""
+    import openvino as ov
+
+    dest, m = h.copy()
+    model = ov.Core().read_model(str(dest / "model.onnx"))
+    ov.save_model(model, str(dest / "model.xml"))
+    ov.save_model(model, str(h.outside / "float.xml"))
+    (dest / "model.onnx").unlink()
+    del m["files"]["model.onnx"]
+    for name in ("float.xml", "float.bin"):
+        os.symlink(h.outside / name, dest / name)
+    m.update(model_format="openvino-ir", runtime="openvino", model_file="model.xml",
+             runtime_options={"float_short_texts": 16})
+    return h.save(dest, _rehash(dest, m, "model.xml", "model.bin")), \
+        "'runtime_options.float_short_texts' runs short texts on float.xml, which 'files' does not list"
+
+
+def _float_copy_on_onnx(h: Hostile):
+    dest, m = h.copy()
+    m["runtime_options"] = {"float_short_texts": 16}
+    return h.save(dest, m), "'runtime_options.float_short_texts' is for OpenVINO IR artifacts"
+
+
 CASES = {f.__name__.lstrip("_"): f for f in (
     _files_escape, _files_absolute, _dev_zero_absolute, _dev_zero_link, _fifo_listed, _model_file_escape,
     _model_file_absolute, _model_file_unlisted, _model_is_link_out, _through_linked_folder, _tokenizer_folder_link,
@@ -353,7 +378,7 @@ CASES = {f.__name__.lstrip("_"): f for f in (
     _manifest_fifo, _manifest_link_out, _bad_sha, _external_data_unlisted, _external_data_escape,
     _external_data_in_subgraph, _model_named_otherwise_with_unlisted_data, _external_data_key_spelt_long,
     _external_data_in_a_local_function, _openvino_ir_that_is_onnx, _openvino_ir_named_onnx,
-    _onnx_that_is_openvino_xml)}
+    _onnx_that_is_openvino_xml, _float_copy_linked_out, _float_copy_on_onnx)}
 
 
 @pytest.mark.parametrize("command", ["inspect", "validate"])

@@ -568,6 +568,12 @@ CASES = {
         "--keep-fp32-ops Softmax applies to --mode fp16 only (fp16 conversion), not to --mode int8-dynamic (ONNX "
         "Runtime dynamic int8); drop --keep-fp32-ops", [c.tmp / "o"]),
     # an option the picked method reads only with another: given without it, it would change nothing
+    "quantize --float-short-texts not a number": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--runtime", "openvino", "--float-short-texts", "short",
+         "--out", c.tmp / "o"], "must be auto, off or a number of tokens (1 or more)", [c.tmp / "o"]),
+    "quantize --float-short-texts with dynamic int8": lambda c: (
+        ["quantize", c.tiny, "--float-short-texts", "8", "--out", c.tmp / "o"],
+        "--float-short-texts 8 applies to --mode int8-static --runtime openvino only", [c.tmp / "o"]),
     # NNCF's static int8 runs its own ranked search, not the grouped one --accuracy-group steers
     "quantize nncf static int8 --accuracy-group": lambda c: (
         ["quantize", c.tiny, "--mode", "int8-static", "--runtime", "openvino", "--accuracy-target", "cos_min=0.99",

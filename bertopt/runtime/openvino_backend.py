@@ -29,13 +29,13 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from bertopt.cosine import min_row_cosine
 from bertopt.errors import ModelRunError, UserError, is_runtime_error, require
-from bertopt.model_handle import DEFAULT_RUNTIMES, ModelHandle
+from bertopt.model_handle import DEFAULT_RUNTIMES, FLOAT_MODEL_FILE, FLOAT_SHORT_TEXTS, ModelHandle
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
 from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH
 from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
@@ -420,6 +420,14 @@ def static_full_batch_choice(model: ModelHandle, setting: str, batch: int, threa
                    f"tokens; {'on' if on else 'off'} at {STATIC_FULL_BATCH_MIN_GAIN:g}x or more"}
 
 
+class ShortTexts(NamedTuple):
+    """Where a static int8 artifact's short texts run: texts of at most ``max_tokens`` tokens (counted on the input
+    ``mask``) on ``executable``, its float copy."""
+    max_tokens: int
+    mask: str
+    executable: Executable
+
+
 class OpenVinoSession:
     backend = "openvino"
     # one stream (LATENCY hint): runs from two threads wait for each other, so a caller that needs one run not to
@@ -466,7 +474,29 @@ class OpenVinoSession:
         self.output_names = [p.get_any_name() for p in self._compiled.outputs]
         model.check_graph_io([p.get_names() for p in self._compiled.inputs], self._outputs)
         self.fixed_shapes = FixedShapes(core, path, config) if self.options.get("static_full_batch") else None
+        self.short_texts = self._short_texts(core, model) if self.options.get(FLOAT_SHORT_TEXTS) else None
         self._local = threading.local()  # this thread's last request (profiling_info)
+
+    def _short_texts(self, core, model: ModelHandle) -> "ShortTexts":
+        """The float copy a static int8 artifact runs its short texts on (``runtime_options.float_short_texts``):
+        compiled as the artifact's float part runs (its inference precision), with no quantisation options."""
+        path = next((p for p in model.model_files if p.name == FLOAT_MODEL_FILE), None)
+        if path is None:  # Artifact.load lists it among the model files: only a hand-made handle gets here
+            raise UserError(f"{model.shown_as} runs short texts on a float copy ({FLOAT_MODEL_FILE}) it does not "
+                            "have; re-create it with 'bertopt quantize --mode int8-static --runtime openvino'")
+        mask = next((spec["name"] for spec in model.inputs
+                     if spec.get("role", spec["name"]) in ("attention_mask", "input_mask")), None)
+        if mask is None:
+            raise UserError(f"{model.shown_as} runs short texts on a float copy, but has no attention-mask input to "
+                            "count a text's tokens by; re-create it with --float-short-texts off")
+        options = {k: v for k, v in self.options.items()
+                   if k not in (FLOAT_SHORT_TEXTS, "dynamic_quantization_group_size", "static_full_batch")}
+        try:
+            compiled = compile_with_cache(core, str(path), compile_config(options, self.threads))
+        except RuntimeError as exc:
+            raise _cannot_open("load", str(path), exc) from None
+        return ShortTexts(int(self.options[FLOAT_SHORT_TEXTS]), mask,
+                          Executable(compiled, f"{model.shown_as} (its float copy for short texts)"))
 
     @staticmethod
     def _read(core, path: str):
@@ -486,6 +516,32 @@ class OpenVinoSession:
         unknown = [n for n in output_names if n not in self._outputs]
         if unknown:
             raise UserError(f"unknown output {unknown[0]!r}; the model has {', '.join(self.output_names)}")
+        if self.short_texts is not None and feeds:
+            return self._run_routed(output_names, feeds)
+        return self._run_int8(output_names, feeds)
+
+    def _run_routed(self, output_names, feeds) -> list[np.ndarray]:
+        """Each row by its own token count: at most ``short_texts.max_tokens`` on the float copy, the rest on the
+        model, so a text takes the same path alone or in any batch (rows of a padded batch are independent)."""
+        limit, mask, executable = self.short_texts
+        short = np.asarray(feeds[mask]).sum(axis=1) <= limit
+        if short.all():
+            return self.run_on(executable, output_names, feeds)
+        if not short.any():
+            return self._run_int8(output_names, feeds)
+        rows = {True: np.flatnonzero(short), False: np.flatnonzero(~short)}
+        got = {True: self.run_on(executable, output_names, {k: v[rows[True]] for k, v in feeds.items()}),
+               False: self._run_int8(output_names, {k: v[rows[False]] for k, v in feeds.items()})}
+        merged = []
+        for i in range(len(output_names)):
+            first, second = got[True][i], got[False][i]
+            out = np.empty((len(short), *second.shape[1:]), dtype=second.dtype)
+            out[rows[True]] = first
+            out[rows[False]] = second
+            merged.append(out)
+        return merged
+
+    def _run_int8(self, output_names, feeds) -> list[np.ndarray]:
         executable = self.dynamic
         if self.fixed_shapes is not None and feeds:
             shape = tuple(next(iter(feeds.values())).shape)

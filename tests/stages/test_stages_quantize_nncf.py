@@ -131,6 +131,7 @@ def test_ranked_search_puts_matmuls_back_to_float_until_the_target_holds(tiny_on
     # once and restores them in that order, bounded; what it restored is reported and really runs float
     monkeypatch.setenv("BERTOPT_CACHE_DIR", str(tmp_path / "cache"))
     art = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False,
+                                            "float_short_texts": "off",
                                             "max_float_extra": 16, "restored_matmuls": "float"}, tmp_path / "s8")
     report = art.manifest["lineage"]["report"]
     search = report["search"]
@@ -171,6 +172,7 @@ def test_restored_matmuls_run_as_dynamic_int8(tiny_onnx, tmp_path):
     from bertopt.stages.quantize.nncf_int8 import int8_matmuls
 
     art = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False,
+                                            "float_short_texts": "off",
                                             "max_float_extra": 16, "restored_matmuls": "int8-dynamic"},
                     tmp_path / "s8")
     loaded = Artifact.load(art.path)
@@ -219,7 +221,8 @@ def test_a_prefix_refused_on_the_ranking_texts_is_the_decision_the_full_measurem
     # batched and on every output: the same ranking, steps and restored MatMuls as with every step measured fully
     from bertopt.stages.quantize import nncf_int8
 
-    config = {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False, "max_float_extra": 16}
+    config = {**STATIC, "accuracy_target": "cos_min=0.999", "keep_ffn_output": False, "max_float_extra": 16,
+              "float_short_texts": "off"}
     quick = run_stage("quantize", tiny_onnx, config, tmp_path / "quick").manifest["lineage"]["report"]["search"]
     monkeypatch.setattr(nncf_int8.HeldBackMeter, "quick_bounds_full", property(lambda self: False))
     full = run_stage("quantize", tiny_onnx, config, tmp_path / "full").manifest["lineage"]["report"]["search"]
@@ -230,6 +233,53 @@ def test_a_prefix_refused_on_the_ranking_texts_is_the_decision_the_full_measurem
     by_count = {s["float"]: s for s in full["steps"]}
     for step in refused:  # what the ranking texts measured bounds what every text measures
         assert 0.999 > step["cos_min"] >= by_count[step["float"]]["cos_min"]
+
+
+def test_short_texts_run_on_the_float_copy_alone_or_in_any_batch(tiny_onnx, tmp_path):
+    """--float-short-texts N: a text of at most N tokens runs on the float copy the artifact keeps (hashed beside
+    model.xml), a longer one int8, each by its own length whatever its batch-mates; the held-back measurement is of
+    that routing."""
+    import dataclasses
+
+    from bertopt.model_handle import FLOAT_SHORT_TEXTS
+
+    art = Artifact.load(run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.99",
+                                                          "float_short_texts": "12"}, tmp_path / "s8").path)
+    assert art.manifest["runtime_options"][FLOAT_SHORT_TEXTS] == 12
+    assert {"float.xml", "float.bin"} <= set(art.manifest["files"])
+    report = art.manifest["lineage"]["report"]["float_short_texts"]
+    assert report["requested"] == "12" and report["max_tokens"] == 12 and report["held_back_texts_float"] >= 1
+    routed = Predictor(art, threads=1)
+    handle = art.model_handle()
+    int8_only = Predictor(dataclasses.replace(handle, runtime_options={
+        k: v for k, v in handle.runtime_options.items() if k != FLOAT_SHORT_TEXTS}), threads=1)
+    parent = Predictor(tiny_onnx, threads=1)
+    texts = ["a short one", "hello", " ".join(corpus()[:3]), " ".join(corpus()[3:5])]
+    lengths = [len(e.ids) for e in routed.tokenize(texts)]
+    assert lengths[0] <= 12 and lengths[1] <= 12 and min(lengths[2:]) > 12, lengths
+    together = routed.encode(texts)
+    alone = np.stack([routed.encode([t])[0] for t in texts])
+    reference, int8 = parent.encode(texts), int8_only.encode(texts)
+    short_cos = cosine_rows(together[:2], reference[:2])
+    # short texts: the float copy, as close to fp32 as the float part's precision allows, closer than int8 gets
+    assert short_cos.min() >= 0.999 and short_cos.min() > cosine_rows(int8[:2], reference[:2]).min()
+    # long texts: the int8 model's own outputs
+    np.testing.assert_allclose(together[2:], int8[2:], atol=2e-3, rtol=0)
+    # a text takes its path alone or batched with texts of the other kind
+    assert 1 - cosine_rows(together, alone).min() <= BATCH_DEV_MAX
+    off = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.99", "float_short_texts": "off"},
+                    tmp_path / "off")
+    assert FLOAT_SHORT_TEXTS not in off.manifest["runtime_options"] and "float.xml" not in off.manifest["files"]
+    assert off.manifest["lineage"]["report"]["float_short_texts"]["max_tokens"] is None
+
+
+def test_float_short_texts_auto_starts_at_the_minimum(tiny_onnx, tmp_path):
+    from bertopt.stages.quantize.nncf_int8 import SHORT_TEXTS_MAX, SHORT_TEXTS_MIN
+
+    art = run_stage("quantize", tiny_onnx, {**STATIC, "accuracy_target": "cos_min=0.99"}, tmp_path / "s8")
+    chosen = art.manifest["runtime_options"]["float_short_texts"]
+    assert SHORT_TEXTS_MIN <= chosen <= SHORT_TEXTS_MAX
+    assert art.manifest["lineage"]["report"]["float_short_texts"]["requested"] == "auto"
 
 
 def test_ir_artifact_runs_only_on_openvino_and_is_verified(tiny_static, tmp_path):

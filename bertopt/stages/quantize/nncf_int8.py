@@ -9,6 +9,13 @@ written as an OpenVINO IR (``model.xml`` + ``model.bin``, both hashed; ``model_f
 FakeQuantize pairs OpenVINO's CPU plugin runs as int8 MatMuls (VNNI / AMX); a text's activation scales never
 depend on its batch-mates.
 
+Short texts run on a float copy of the model (``--float-short-texts``, ``float.xml`` + ``float.bin`` beside the int8
+IR, hashed like it; ``runtime_options.float_short_texts`` is the token count up to which a text runs float). A fixed
+int8 scale hurts a short text most (its few rows carry no averaging of the rounding noise, and its [SEP] row is
+outsized), and short texts take the least time: on MiniLM the texts over 8 tokens held cosine 0.9967 with every
+MatMul but the FFN outputs int8, where the shorter fell to 0.983, so the search that used to put 14-22 MatMuls back
+to float for all texts has nothing to do. Each text takes its path by its own length, alone or in any batch.
+
 Then it is measured, never assumed: a quarter of the calibration text is held back (never calibrated on) and run
 through the quantised model alone and in mixed-length padded batches, against the fp32 parent alone. It ships
 only when the cosine target (``--accuracy-target``, default ``cos_min=0.997``: a margin over the release gate's
@@ -45,6 +52,7 @@ import numpy as np
 
 from bertopt.cosine import min_row_cosine
 from bertopt.errors import UserError
+from bertopt.model_handle import FLOAT_MODEL_FILE, FLOAT_SHORT_TEXTS
 from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
 from bertopt.stages.quantize.openvino_int8 import (
@@ -70,6 +78,19 @@ SMOOTH_ALPHA = 0.5
 _DEFAULT_OP_TYPES = ["MatMul", "Attention", "Gemm"]
 RESTORED_MODES = ("auto", "int8-dynamic", "float")
 DYNAMIC_GROUP = ACTIVATION_GROUP_SIZE.default  # channels per dynamic activation scale of a restored MatMul
+# --float-short-texts auto: texts of at most SHORT_TEXTS_MIN tokens run float, more where a longer held-back text
+# misses the target, up to SHORT_TEXTS_MAX (past that the ranked search restores MatMuls as well). On MiniLM (Zen 4,
+# FFN outputs float, nothing restored) the texts over 8 tokens of the corpus, mixed text and held-back text held
+# cosine 0.9967 where the shorter fell to 0.983; 16 leaves a margin at a cost of 2-3% on mixed text
+SHORT_TEXTS_MIN = 16
+SHORT_TEXTS_MAX = 32
+
+
+def _short_texts_problem(value: Any) -> str | None:
+    text = str(value).strip()
+    if text in ("auto", "off") or (text.isdigit() and 1 <= int(text) <= 4096):
+        return None
+    return "must be auto, off or a number of tokens (1 or more)"
 
 # this method's own parameter group
 NNCF_PARAMS = (
@@ -80,6 +101,12 @@ NNCF_PARAMS = (
     Param("max_float_extra", int, 48, "At most this many more MatMuls the ranked "
           "search may put back to float activations when the measured cosine misses the target (0: none; the "
           "stage then refuses rather than ship an unfaithful model).", min=0),
+    Param("float_short_texts", str, "auto", "Texts of at most this many tokens (special tokens counted) run on a "
+          "float copy of the model kept in the artifact, longer ones int8: fixed int8 scales hurt a short text most, "
+          "and short texts take the least time (MiniLM: texts over 8 tokens held cosine 0.9967 as quantised, shorter "
+          "ones fell to 0.983). A text takes the same path alone or in any batch. auto: at least "
+          f"{SHORT_TEXTS_MIN}, more where a longer held-back text misses the target (up to {SHORT_TEXTS_MAX}); off: "
+          "every text int8; or a number of tokens.", check=_short_texts_problem),
     Param("restored_matmuls", str, "auto", "How the MatMuls the ranked search takes "
           "out of static int8 run. int8-dynamic: int8 weights, activations quantised per token and group of "
           f"{DYNAMIC_GROUP} channels as each batch runs (OpenVINO's dynamic quantisation; 1.11x the float form at "
@@ -272,13 +299,25 @@ class HeldBackMeter:
         # every candidate is static int8: compiled as the runtime will compile the artifact (``dynamic``: with the
         # dynamic quantisation its restored MatMuls run with)
         self.config = compile_config({**runtime_options(config, dynamic), "cache": False}, threads, static_int8=True)
+        self.float_config = compile_config({**runtime_options(config), "cache": False}, threads)
         self.keep_int8_weights = dynamic
+        self.mask = next((spec["name"] for spec in art.inputs
+                          if spec.get("role", spec["name"]) in ("attention_mask", "input_mask")), None)
+        self.short: tuple[int, Any] | None = None  # (max tokens, the float model compiled) once routed
+
+    def route_short_texts(self, max_tokens: int, float_model) -> None:
+        """From now on every candidate runs texts of at most ``max_tokens`` tokens on ``float_model``, as the
+        artifact will (``runtime_options.float_short_texts``)."""
+        self.short = (max_tokens, self.core.compile_model(float_model, "CPU", self.float_config))
 
     def _row(self, name: str, out: np.ndarray, j: int, r: int) -> np.ndarray:
         return out[j, : self.lengths[r]] if self.token_level[name] else out[j]
 
     def compile(self, ov_model):
-        return self.core.compile_model(ov_model, "CPU", self.config)
+        compiled = self.core.compile_model(ov_model, "CPU", self.config)
+        if self.short is None:
+            return compiled
+        return RoutedByLength(compiled, self.short[1], self.short[0], self.mask, self.outputs)
 
     @property
     def quick_bounds_full(self) -> bool:
@@ -324,6 +363,51 @@ class HeldBackMeter:
                for name in names}
         return {"cos_min_alone": cos_alone, "cos_min_batched": cos_batched, "batch_dev": max(dev.values()),
                 "batch_dev_by_output": dev, "cos_min": min(cos_alone, cos_batched), "per_text": per_text}
+
+
+class RoutedByLength:
+    """A candidate as the runtime runs an artifact with ``float_short_texts``: each row of a batch by its own token
+    count, the short ones on the float model. Called like a compiled model: ``output(name)`` is the key of
+    ``self(feeds)``'s result."""
+
+    def __init__(self, int8, float_, max_tokens: int, mask: str, outputs: list[str]):
+        self.int8, self.float_, self.max_tokens, self.mask, self.outputs = int8, float_, max_tokens, mask, outputs
+
+    def output(self, name: str) -> str:
+        return name
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        short = np.asarray(feeds[self.mask]).sum(axis=1) <= self.max_tokens
+        runs = {flag: (model(feeds) if (short == flag).any() else None) for flag, model in
+                ((True, self.float_), (False, self.int8))}
+        got = {}
+        for name in self.outputs:
+            parts = {flag: np.asarray(out[model.output(name)], np.float32) for flag, model, out in
+                     ((True, self.float_, runs[True]), (False, self.int8, runs[False])) if out is not None}
+            if len(parts) == 1:
+                got[name] = next(iter(parts.values()))
+            else:  # rows of a padded batch are independent: each row taken from its own path's run
+                got[name] = np.where(short.reshape((-1,) + (1,) * (parts[False].ndim - 1)), parts[True], parts[False])
+        return got
+
+
+def short_texts_limit(setting: str, measured: dict[str, Any], meter: "HeldBackMeter", target: float) -> int | None:
+    """The token count up to which texts run float (None: every text int8). ``auto``: at least
+    ``SHORT_TEXTS_MIN``, raised to the longest held-back text that misses ``target`` as quantised (at most
+    ``SHORT_TEXTS_MAX``); an output of a few values (a score) is measured over the whole set, so there it stays
+    at the minimum."""
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return int(setting)
+    if not meter.quick_bounds_full:
+        return SHORT_TEXTS_MIN
+    missed = [meter.lengths[r] for r, cos in measured["per_text"].items() if cos < target]
+    return min(max([SHORT_TEXTS_MIN, *missed]), SHORT_TEXTS_MAX)
+
+
+def _short_words(short_tokens: int | None) -> str:
+    return "" if short_tokens is None else f", texts of at most {short_tokens} tokens float"
 
 
 def _whole_cos(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -476,6 +560,17 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
         logging.getLogger("nncf").setLevel(previous)
     quantize_s = time.perf_counter() - t0
     measured = meter.measure(meter.compile(quantized))
+    short_setting = str(config.get("float_short_texts") or "auto").strip()
+    if short_setting != "off" and meter.mask is None:
+        if short_setting != "auto":
+            raise UserError(f"--float-short-texts {short_setting} counts a text's tokens on the attention mask, and "
+                            f"{art.path} has no attention-mask input; use --float-short-texts off")
+        short_setting = "off"
+    short_tokens = short_texts_limit(short_setting, measured, meter, target)
+    as_quantised = measured
+    if short_tokens is not None:
+        meter.route_short_texts(short_tokens, core.read_model(str(art.model_path)))
+        measured = meter.measure(meter.compile(quantized))
     search: dict[str, Any] = {"ranking": [], "steps": [], "restored": []}
     model = quantized
     if not _holds(measured, target):
@@ -489,7 +584,8 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
             raise UserError(
                 f"static int8 misses cos_min>={target:g} / batch_dev<={BATCH_DEV_MAX:g} on held-back calibration "
                 f"text ({_fmt(measured)} as quantised; {_fmt(last)} with {len(restored)} more MatMuls in "
-                f"{restored_as_words}, the bound); raise --max-float-extra, relax --accuracy-target, {also}or use "
+                f"{restored_as_words}, the bound{_short_words(short_tokens)}); raise --max-float-extra"
+                f"{'' if short_tokens is None else ' or --float-short-texts'}, relax --accuracy-target, {also}or use "
                 "--mode int8-dynamic --runtime openvino")
         model, measured = found
     build_s = time.perf_counter() - t0
@@ -509,6 +605,9 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
         w.extra["runtime_options"] = runtime_options(config, dynamic=bool(dynamic_ops))
         # keep float weights float (save_model would store them fp16 by default); writes model.xml + model.bin
         ov.save_model(model, str(w.dir / MODEL_FILE), compress_to_fp16=False)
+        if short_tokens is not None:  # the parent's model as OpenVINO read it, for the short texts
+            ov.save_model(core.read_model(str(art.model_path)), str(w.dir / FLOAT_MODEL_FILE), compress_to_fp16=False)
+            w.extra["runtime_options"][FLOAT_SHORT_TEXTS] = short_tokens
         w.set_model(MODEL_FILE, MODEL_FORMAT, art.inputs, art.outputs,
                     precision=precision_label("int8-static", config["inference_precision"]))
         settle_static_full_batch(w, config["static_full_batch"], config.get("threads"))
@@ -535,6 +634,11 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
                                          f"{HELD_BATCH}, vs the fp32 parent alone",
                           **_rounded(measured)},
             "search": search,
+            "float_short_texts": {
+                "requested": str(config.get("float_short_texts") or "auto"),
+                "max_tokens": short_tokens,
+                "held_back_texts_float": sum(n <= short_tokens for n in meter.lengths) if short_tokens else 0,
+                "as_quantised_without": _rounded(as_quantised)},
             "timing_s": {"quantize": round(quantize_s, 1), "total": round(build_s, 1)},
             "accuracy_vs_parent": stats})
     return w.artifact
