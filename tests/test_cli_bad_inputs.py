@@ -571,6 +571,9 @@ CASES = {
     "quantize --float-short-texts not a number": lambda c: (
         ["quantize", c.tiny, "--mode", "int8-static", "--runtime", "openvino", "--float-short-texts", "short",
          "--out", c.tmp / "o"], "must be auto, off or a number of tokens (1 or more)", [c.tmp / "o"]),
+    "quantize --float-short-texts past the model's window": lambda c: (
+        ["quantize", c.tiny, "--mode", "int8-static", "--runtime", "openvino", "--float-short-texts", "4096",
+         "--out", c.tmp / "o"], "would run on the float copy, none int8; give fewer tokens, or off", [c.tmp / "o"]),
     "quantize --float-short-texts with dynamic int8": lambda c: (
         ["quantize", c.tiny, "--float-short-texts", "8", "--out", c.tmp / "o"],
         "--float-short-texts 8 applies to --mode int8-static --runtime openvino only", [c.tmp / "o"]),

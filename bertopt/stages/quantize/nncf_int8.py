@@ -105,8 +105,8 @@ NNCF_PARAMS = (
           "float copy of the model kept in the artifact, longer ones int8: fixed int8 scales hurt a short text most, "
           "and short texts take the least time (MiniLM: texts over 8 tokens held cosine 0.9967 as quantised, shorter "
           "ones fell to 0.983). A text takes the same path alone or in any batch. auto: at least "
-          f"{SHORT_TEXTS_MIN}, more where a longer held-back text misses the target (up to {SHORT_TEXTS_MAX}); off: "
-          "every text int8; or a number of tokens.", check=_short_texts_problem),
+          f"{SHORT_TEXTS_MIN}, more where a longer held-back text misses the target (up to {SHORT_TEXTS_MAX}; at "
+          "most half the model's window); off: every text int8; or a number of tokens.", check=_short_texts_problem),
     Param("restored_matmuls", str, "auto", "How the MatMuls the ranked search takes "
           "out of static int8 run. int8-dynamic: int8 weights, activations quantised per token and group of "
           f"{DYNAMIC_GROUP} channels as each batch runs (OpenVINO's dynamic quantisation; 1.11x the float form at "
@@ -277,6 +277,7 @@ class HeldBackMeter:
 
         self.core = core
         parent = Predictor(art, provider="cpu", threads=config.get("threads"), verify=False)
+        self.window = parent.max_seq_len  # the most tokens a text runs with
         self.output = parent.primary_output
         self.outputs = [self.output, *(n for n in parent.output_names if n != self.output)]
         self.token_level = {name: parent.is_token_level(name) for name in self.outputs}
@@ -401,9 +402,12 @@ def short_texts_limit(setting: str, measured: dict[str, Any], meter: "HeldBackMe
     if setting != "auto":
         return int(setting)
     if not meter.quick_bounds_full:
-        return SHORT_TEXTS_MIN
-    missed = [meter.lengths[r] for r, cos in measured["per_text"].items() if cos < target]
-    return min(max([SHORT_TEXTS_MIN, *missed]), SHORT_TEXTS_MAX)
+        chosen = SHORT_TEXTS_MIN
+    else:
+        missed = [meter.lengths[r] for r, cos in measured["per_text"].items() if cos < target]
+        chosen = min(max([SHORT_TEXTS_MIN, *missed]), SHORT_TEXTS_MAX)
+    # a model whose window is this short would run every text float: there, texts of up to half of it
+    return min(chosen, meter.window // 2) or None
 
 
 def _short_words(short_tokens: int | None) -> str:
@@ -567,6 +571,9 @@ def quantize_static_openvino(art, config: dict[str, Any], out_dir: Path, overwri
                             f"{art.path} has no attention-mask input; use --float-short-texts off")
         short_setting = "off"
     short_tokens = short_texts_limit(short_setting, measured, meter, target)
+    if short_tokens is not None and short_tokens >= meter.window:
+        raise UserError(f"--float-short-texts {short_tokens}: every text of {art.path} (at most {meter.window} "
+                        "tokens) would run on the float copy, none int8; give fewer tokens, or off")
     as_quantised = measured
     if short_tokens is not None:
         meter.route_short_texts(short_tokens, core.read_model(str(art.model_path)))
