@@ -37,6 +37,15 @@ def _metric(server, name: str, **labels: str) -> float:
     return metric_value(httpx.get(server.url + "/metrics", timeout=30).text, name, **labels)
 
 
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock``: an orderly end, or a reset where the bytes the client kept sending were
+    still unread in the server's socket when it closed (the kernel then answers with RST, not FIN)."""
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+
+
 def _read_answer(sock: socket.socket) -> tuple[int, bytes]:
     data = b""
     while True:
@@ -203,7 +212,7 @@ def test_a_connection_whose_headers_never_come_is_closed(impatient_server, sent)
     for _ in range(3):  # more bytes, never the end of the headers
         time.sleep(1)
         sock.sendall(b"X")
-    assert sock.recv(1024) == b""  # closed by the server
+    assert _closed_by_server(sock)
     assert BODY_TIMEOUT_S - 1 <= time.monotonic() - started < BODY_TIMEOUT_S + 10
     sock.close()
     # a request that keeps its connection open afterwards is held to the same time for the next one's headers
@@ -217,7 +226,7 @@ def test_a_connection_whose_headers_never_come_is_closed(impatient_server, sent)
         time.sleep(1)
         if time.monotonic() - started > BODY_TIMEOUT_S + 1:
             break
-    assert keep.recv(1024) == b""
+    assert _closed_by_server(keep)
     keep.close()
 
 
