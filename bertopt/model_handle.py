@@ -62,6 +62,13 @@ def reads_token_types(inputs: Any) -> bool:
     return any(spec.get("role", spec["name"]) == "token_type_ids" for spec in inputs)
 
 
+def attention_mask_input(inputs: Any) -> str | None:
+    """The name of the input that carries the attention mask (role attention_mask; a spec without a role is named
+    for it, a Google checkpoint's input_mask too), or None: what a text's token count is read from."""
+    return next((spec["name"] for spec in inputs
+                 if spec.get("role", spec["name"]) in ("attention_mask", "input_mask")), None)
+
+
 def output_kinds(outputs: Any) -> dict[str, str]:
     """Output name -> kind (embedding, token, logits, ...); an output that records none is an embedding."""
     return {o["name"]: o.get("kind", "embedding") for o in outputs}

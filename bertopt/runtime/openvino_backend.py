@@ -35,7 +35,13 @@ import numpy as np
 
 from bertopt.cosine import min_row_cosine
 from bertopt.errors import ModelRunError, UserError, is_runtime_error, require
-from bertopt.model_handle import DEFAULT_RUNTIMES, FLOAT_MODEL_FILE, FLOAT_SHORT_TEXTS, ModelHandle
+from bertopt.model_handle import (
+    DEFAULT_RUNTIMES,
+    FLOAT_MODEL_FILE,
+    FLOAT_SHORT_TEXTS,
+    ModelHandle,
+    attention_mask_input,
+)
 from bertopt.output_paths import CACHE_LOCK_WAIT_S, cache_root, one_at_a_time
 from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH
 from bertopt.runtime.backends import default_threads, private_cache_folder, register_backend
@@ -484,8 +490,7 @@ class OpenVinoSession:
         if path is None:  # Artifact.load lists it among the model files: only a hand-made handle gets here
             raise UserError(f"{model.shown_as} runs short texts on a float copy ({FLOAT_MODEL_FILE}) it does not "
                             "have; re-create it with 'bertopt quantize --mode int8-static --runtime openvino'")
-        mask = next((spec["name"] for spec in model.inputs
-                     if spec.get("role", spec["name"]) in ("attention_mask", "input_mask")), None)
+        mask = attention_mask_input(model.inputs)
         if mask is None:
             raise UserError(f"{model.shown_as} runs short texts on a float copy, but has no attention-mask input to "
                             "count a text's tokens by; re-create it with --float-short-texts off")

@@ -52,7 +52,7 @@ import numpy as np
 
 from bertopt.cosine import min_row_cosine
 from bertopt.errors import UserError
-from bertopt.model_handle import FLOAT_MODEL_FILE, FLOAT_SHORT_TEXTS
+from bertopt.model_handle import FLOAT_MODEL_FILE, FLOAT_SHORT_TEXTS, attention_mask_input
 from bertopt.params import BATCH_DEV_BOUND, STATIC_FULL_BATCH, Param
 from bertopt.stages.quantize.methods import Method
 from bertopt.stages.quantize.openvino_int8 import (
@@ -302,8 +302,7 @@ class HeldBackMeter:
         self.config = compile_config({**runtime_options(config, dynamic), "cache": False}, threads, static_int8=True)
         self.float_config = compile_config({**runtime_options(config), "cache": False}, threads)
         self.keep_int8_weights = dynamic
-        self.mask = next((spec["name"] for spec in art.inputs
-                          if spec.get("role", spec["name"]) in ("attention_mask", "input_mask")), None)
+        self.mask = attention_mask_input(art.inputs)
         self.short: tuple[int, Any] | None = None  # (max tokens, the float model compiled) once routed
 
     def route_short_texts(self, max_tokens: int, float_model) -> None:
